@@ -1,0 +1,214 @@
+"""Checks of the engine's arguments and of the data, with one message style.
+
+Arguments are checked when the engine is constructed (before any cluster work); the data is
+checked from the per-partition summaries of the shard-building job, and the model and criterion
+are tried on a few real samples on the driver, all before the first iteration.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from .errors import InvalidArgumentError, ModelCriterionMismatchError, TrainingDataError
+from .shards import ShardSummary
+
+__all__ = [
+    "DataSpec",
+    "argument_error",
+    "check_type",
+    "check_positive_int",
+    "check_rdd",
+    "check_criterion",
+    "check_optimizer",
+    "summarize",
+    "dry_run",
+]
+
+_CLASS_INDEX_CRITERIA = (nn.CrossEntropyLoss, nn.NLLLoss)
+_SAME_SHAPE_CRITERIA = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss,
+                        nn.BCELoss, nn.BCEWithLogitsLoss)
+
+
+def argument_error(name: str, owner: str, expected: str, got: Any) -> InvalidArgumentError:
+    """The one message template: "The 'x' argument of Y must be ... Got ... instead."."""
+    shown = f"{type(got).__name__} {got!r}" if not isinstance(got, (int, float, str)) else repr(got)
+    if len(shown) > 200:
+        shown = shown[:200] + "..."
+    return InvalidArgumentError(f"The '{name}' argument of {owner} must be {expected}. "
+                                f"Got {shown} instead.")
+
+
+def check_type(name: str, owner: str, value: Any, types: Any, expected: str) -> Any:
+    if not isinstance(value, types):
+        raise argument_error(name, owner, expected, value)
+    return value
+
+
+def check_positive_int(name: str, owner: str, value: Any, allow_none: bool = False) -> Any:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise argument_error(name, owner, "a positive int" + (" or None" if allow_none else ""),
+                             value)
+    return int(value)
+
+
+def check_rdd(name: str, owner: str, value: Any) -> Any:
+    from pyspark import RDD
+
+    if isinstance(value, RDD):
+        return value
+    hint = ""
+    if type(value).__name__ == "DataFrame":
+        hint = (" For a DataFrame use sparkdl.NNEstimator, or pass "
+                "df.rdd.map(lambda row: (features, label)).")
+    raise InvalidArgumentError(
+        f"The '{name}' argument of {owner} must be a pyspark RDD of (features, label) pairs. "
+        f"Got {type(value).__name__} instead.{hint}")
+
+
+def check_criterion(owner: str, criterion: Any) -> str:
+    """The criterion's reduction ('mean' or 'sum')."""
+    if not callable(criterion):
+        raise argument_error("criterion", owner, "a callable loss such as "
+                             "torch.nn.CrossEntropyLoss()", criterion)
+    reduction = getattr(criterion, "reduction", "mean")
+    if reduction not in ("mean", "sum"):
+        raise InvalidArgumentError(
+            f"The 'criterion' argument of {owner} must reduce to a scalar (reduction 'mean' or "
+            f"'sum'). Got reduction={reduction!r} instead.")
+    return reduction
+
+
+def check_optimizer(owner: str, optimizer: Any, model: nn.Module) -> None:
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise argument_error("optimizer", owner, "a torch.optim.Optimizer built over "
+                             "model.parameters()", optimizer)
+    own = {id(p) for p in model.parameters()}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in own:
+                raise InvalidArgumentError(
+                    f"The 'optimizer' argument of {owner} must be built over the model's own "
+                    "parameters (torch.optim.X(model.parameters(), ...)); it holds a tensor of "
+                    f"shape {tuple(p.shape)} that is not a parameter of the model.")
+
+
+@dataclass
+class DataSpec:
+    """What the training (or validation) data looks like, from the build job."""
+
+    partition_sizes: list[int]
+    feature_shapes: list[tuple[int, ...]]
+    feature_dtypes: list[str]
+    label_shape: tuple[int, ...]
+    label_dtype: str
+    label_min: float | None
+    label_max: float | None
+    sample_features: list[np.ndarray]
+    sample_labels: np.ndarray
+
+    @property
+    def num_samples(self) -> int:
+        return sum(self.partition_sizes)
+
+
+def summarize(summaries: Sequence[ShardSummary], what: str) -> DataSpec:
+    """Check the partitions' summaries against each other and merge them."""
+    for s in summaries:
+        if s.error:
+            raise TrainingDataError(f"The {what} RDD has a bad record: {s.error}.")
+    filled = [s for s in summaries if s.count]
+    if not filled:
+        raise TrainingDataError(f"The {what} RDD is empty: it has {len(summaries)} partition(s) "
+                                "and no (features, label) record.")
+    first = filled[0]
+    for s in filled[1:]:
+        for attr, label in (("feature_shapes", "feature shape(s)"),
+                            ("label_shape", "label shape")):
+            if getattr(s, attr) != getattr(first, attr):
+                raise TrainingDataError(
+                    f"The {what} RDD has records of inconsistent {label}: partition "
+                    f"{first.partition} has {getattr(first, attr)} but partition {s.partition} "
+                    f"has {getattr(s, attr)}.")
+        if s.feature_dtypes != first.feature_dtypes or s.label_dtype != first.label_dtype:
+            raise TrainingDataError(
+                f"The {what} RDD mixes numeric kinds across partitions: partition "
+                f"{first.partition} has features {first.feature_dtypes} / labels "
+                f"{first.label_dtype}, partition {s.partition} has {s.feature_dtypes} / "
+                f"{s.label_dtype}. Make every record's features and label the same kind "
+                "(all float or all int).")
+    bad = [s.partition for s in filled if s.feature_nan]
+    if bad:
+        raise TrainingDataError(f"The {what} RDD has NaN or infinite feature values in "
+                                f"partition(s) {bad}.")
+    bad = [s.partition for s in filled if s.label_nan]
+    if bad:
+        raise TrainingDataError(f"The {what} RDD has NaN labels in partition(s) {bad}.")
+    mins = [s.label_min for s in filled if s.label_min is not None]
+    maxs = [s.label_max for s in filled if s.label_max is not None]
+    return DataSpec(
+        partition_sizes=[s.count for s in summaries],
+        feature_shapes=first.feature_shapes,
+        feature_dtypes=first.feature_dtypes,
+        label_shape=first.label_shape,
+        label_dtype=first.label_dtype,
+        label_min=min(mins) if mins else None,
+        label_max=max(maxs) if maxs else None,
+        sample_features=first.sample_features,
+        sample_labels=first.sample_labels if first.sample_labels is not None else np.zeros(0),
+    )
+
+
+def dry_run(model: nn.Module, criterion: Any, spec: DataSpec, what: str) -> None:
+    """Run a copy of the model and the criterion on a few real samples; explain any mismatch."""
+    probe = copy.deepcopy(model)
+    inputs = [torch.from_numpy(np.array(f)) for f in spec.sample_features]
+    target = torch.from_numpy(np.array(spec.sample_labels))
+    shapes = ", ".join(f"{tuple(x.shape)} {x.dtype}" for x in inputs)
+    try:
+        with torch.no_grad():
+            output = probe(*inputs)
+    except Exception as exc:
+        raise ModelCriterionMismatchError(
+            f"The model cannot run on the {what} features: a batch of features of shape(s) "
+            f"{shapes} raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(output, torch.Tensor):
+        raise ModelCriterionMismatchError(
+            f"The model must return one tensor; it returned {type(output).__name__}.")
+    name = type(criterion).__name__
+    if isinstance(criterion, _CLASS_INDEX_CRITERIA) and target.dtype == torch.int64:
+        if output.ndim < 2:
+            raise ModelCriterionMismatchError(
+                f"{name} needs a model output of shape (batch, classes); the model returns "
+                f"{tuple(output.shape)}.")
+        classes = output.shape[1]
+        ignore = getattr(criterion, "ignore_index", None)
+        lo, hi = spec.label_min, spec.label_max
+        if (lo is not None and lo < 0 and lo != ignore) or (hi is not None and hi >= classes):
+            raise TrainingDataError(
+                f"The {what} labels must be class indices in 0..{classes - 1} for {name} (the "
+                f"model has {classes} outputs); they range from {lo:g} to {hi:g}.")
+    if isinstance(criterion, _SAME_SHAPE_CRITERIA) and tuple(output.shape) != tuple(target.shape):
+        raise ModelCriterionMismatchError(
+            f"{name} needs the model output and the label to have the same shape; the model "
+            f"returns {tuple(output.shape)} for labels of shape {tuple(target.shape)}. Reshape the "
+            "labels in the RDD or the output in the model.")
+    try:
+        with torch.no_grad():
+            loss = criterion(output, target)
+    except Exception as exc:
+        raise ModelCriterionMismatchError(
+            f"The model output of shape {tuple(output.shape)} ({output.dtype}) does not fit "
+            f"{name} with labels of shape {tuple(target.shape)} ({target.dtype}): "
+            f"{type(exc).__name__}: {exc}") from exc
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise ModelCriterionMismatchError(
+            f"The criterion must return a scalar loss; {name} returned "
+            f"{getattr(loss, 'shape', type(loss).__name__)}.")

@@ -1,0 +1,371 @@
+"""``DistriOptimizer``: synchronous data-parallel SGD over an RDD, BigDL style.
+
+One iteration is one Spark job:
+
+1. the driver broadcasts the current weights (one flat vector);
+2. each task takes its partition's share of the global batch from the shard cached on its
+   executor, loads the weights into the model replica kept in its Python worker and computes
+   ``(|B_i| / |B|) * grad of the mean loss on B_i`` (plus its buffers, weighted the same way);
+3. the AllReduce sums those vectors over partitions in partition order (a shuffle in which block
+   ``k`` of every task meets in reduce partition ``k``), and the driver collects the sum;
+4. the driver puts the sum into ``p.grad`` and calls the user's own ``optimizer.step()`` (and
+   ``lr_scheduler.step()``), exactly as single-process PyTorch would on the union batch.
+
+Model buffers (BatchNorm running statistics) are not gradients. The rule: every task runs its
+forward passes in training mode starting from the broadcast buffers, and after the iteration the
+model's buffers become the sample-weighted average of the tasks' buffers (integer buffers such as
+``num_batches_tracked`` rounded). With one partition this is exactly single-process training;
+BatchNorm's batch statistics are per task (per micro-batch), as in PyTorch DDP without SyncBN.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import pickle
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from pyspark import RDD
+from torch import nn
+
+from .allreduce import AllReduceResult, DriverAllReduce, ShuffleAllReduce
+from .batching import BatchPlan
+from .cached_data import CachedData, clean_workers
+from .errors import InvalidArgumentError, SparkdlError
+from .flat_params import ParamLayout
+from .input_checks import (argument_error, check_criterion, check_optimizer, check_positive_int,
+                           check_rdd, check_type, dry_run, summarize)
+from .local_step import StepSpec, TaskReport, local_evaluation, local_gradient
+from .metrics import ValidationMetric
+from .replica import ReplicaSpec
+from .summary import IterationRecord, TrainingSummary, ValidationRecord
+from .triggers import MaxEpoch, TrainingState, Trigger
+
+__all__ = ["DistriOptimizer"]
+
+log = logging.getLogger("sparkdl")
+
+_OWNER = "DistriOptimizer"
+_MAX_REBUILDS_PER_ITERATION = 3
+
+
+def _replica_getter(run_key: str, spec_broadcast: Any) -> Callable[[], Any]:
+    def get() -> Any:
+        from sparkdl.replica import get_replica
+
+        return get_replica(run_key, _Unpickling(spec_broadcast))
+
+    return get
+
+
+class _Unpickling:
+    """Lets :func:`get_replica` read a broadcast of cloudpickled bytes as if it held the spec."""
+
+    def __init__(self, broadcast: Any) -> None:
+        self.broadcast = broadcast
+
+    @property
+    def value(self) -> Any:
+        return pickle.loads(self.broadcast.value)
+
+
+def _gradient_fn(step: StepSpec, spec_bc: Any, weights_bc: Any) -> Callable[[int, Any],
+                                                                              Any]:
+    getter = _replica_getter(step.run_key, spec_bc)
+
+    def fn(partition: int, summary: Any) -> Any:
+        vector, report = local_gradient(step, partition, getter, weights_bc.value)
+        report.build_id = getattr(summary, "build_id", "")
+        return vector, report
+
+    return fn
+
+
+def _evaluation_fn(run_key: str, data_key: str, spec_bc: Any, weights_bc: Any,
+                   metrics: Sequence[ValidationMetric], batch_size: int) -> Any:
+    getter = _replica_getter(run_key, spec_bc)
+
+    def fn(partition: int, records: Any) -> Any:
+        for _ in records:
+            pass
+        sums, count = local_evaluation(data_key, partition, getter(), weights_bc.value,
+                                       metrics, batch_size)
+        yield partition, sums, count
+
+    return fn
+
+
+@dataclass
+class _Validation:
+    rdd: RDD
+    trigger: Trigger
+    metrics: list[ValidationMetric]
+    batch_size: int
+
+
+class DistriOptimizer:
+    """Train a PyTorch model with synchronous data-parallel mini-batch SGD on a Spark RDD.
+
+    The result equals single-process PyTorch trained on the same global batches (see
+    :class:`sparkdl.batching.BatchPlan` for how batches are drawn), up to float rounding, and
+    two runs with the same seed and partitioning give bitwise-identical weights.
+
+    Args:
+        model: the ``nn.Module`` to train; it is trained in place and returned by :meth:`optimize`.
+        training_rdd: RDD of ``(features, label)``; features a numpy array (or a tuple of arrays
+            for a multi-input model), label a scalar or an array. Floating values are stored in
+            the model's parameter dtype, integers as int64.
+        criterion: a loss with reduction ``'mean'`` (the default of torch's losses) or ``'sum'``.
+        optimizer: a ``torch.optim.Optimizer`` built over ``model.parameters()``.
+        batch_size: the global mini-batch size (any positive int).
+        end_trigger: when to stop; default ``MaxEpoch(1)``.
+        seed: fixes every random choice (the per-partition shuffles).
+        lr_scheduler: any torch LR scheduler over ``optimizer``.
+        lr_scheduler_step: ``"epoch"`` (default) steps the scheduler after each epoch,
+            ``"iteration"`` after each iteration.
+        micro_batch_size: accumulate each task's gradient over micro-batches of this size
+            (bounds a task's memory; same result).
+        shuffle: reshuffle each partition every epoch (default) or visit it in stored order.
+        allreduce: ``"shuffle"`` (default; block-sharded through a Spark shuffle) or ``"driver"``
+            (tasks return whole gradients and the driver sums them: one stage, for small models).
+        num_blocks: number of gradient blocks / reduce partitions of the shuffle; default the
+            number of partitions of ``training_rdd``.
+
+    Example::
+
+        from sparkdl import DistriOptimizer
+        from sparkdl.triggers import MaxEpoch
+        net = torch.nn.Sequential(torch.nn.Linear(4, 3))
+        rdd = sc.parallelize([(np.random.rand(4).astype("float32"), i % 3) for i in range(600)], 2)
+        opt = DistriOptimizer(model=net, training_rdd=rdd, criterion=torch.nn.CrossEntropyLoss(),
+                              optimizer=torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
+                              batch_size=64, end_trigger=MaxEpoch(5), seed=0)
+        trained = opt.optimize()
+        opt.summary.to_pandas()
+    """
+
+    def __init__(self, model: nn.Module, training_rdd: RDD, criterion: Any,
+                 optimizer: torch.optim.Optimizer, batch_size: int,
+                 end_trigger: Trigger | None = None, seed: int = 0,
+                 lr_scheduler: Any = None, lr_scheduler_step: str = "epoch",
+                 micro_batch_size: int | None = None, shuffle: bool = True,
+                 allreduce: str = "shuffle", num_blocks: int | None = None) -> None:
+        self.model = check_type("model", _OWNER, model, nn.Module, "a torch.nn.Module")
+        self.training_rdd = check_rdd("training_rdd", _OWNER, training_rdd)
+        self.reduction = check_criterion(_OWNER, criterion)
+        self.criterion = criterion
+        check_optimizer(_OWNER, optimizer, model)
+        self.optimizer = optimizer
+        self.batch_size = check_positive_int("batch_size", _OWNER, batch_size)
+        self.end_trigger = check_type("end_trigger", _OWNER,
+                                      end_trigger if end_trigger is not None else MaxEpoch(1),
+                                      Trigger, "a sparkdl.triggers.Trigger such as MaxEpoch(5)")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise argument_error("seed", _OWNER, "an int", seed)
+        self.seed = int(seed)
+        if lr_scheduler is not None and getattr(lr_scheduler, "optimizer", None) is not optimizer:
+            raise argument_error("lr_scheduler", _OWNER,
+                                 "a torch LR scheduler built over the given optimizer",
+                                 lr_scheduler)
+        self.lr_scheduler = lr_scheduler
+        if lr_scheduler_step not in ("epoch", "iteration"):
+            raise argument_error("lr_scheduler_step", _OWNER, "'epoch' or 'iteration'",
+                                 lr_scheduler_step)
+        self.lr_scheduler_step = lr_scheduler_step
+        self.micro_batch_size = check_positive_int("micro_batch_size", _OWNER, micro_batch_size,
+                                                   allow_none=True)
+        self.shuffle = check_type("shuffle", _OWNER, shuffle, bool, "a bool")
+        if allreduce not in ("shuffle", "driver"):
+            raise argument_error("allreduce", _OWNER, "'shuffle' or 'driver'", allreduce)
+        self.allreduce = allreduce
+        self.num_blocks = check_positive_int("num_blocks", _OWNER, num_blocks, allow_none=True)
+        self.layout = ParamLayout(model)
+        self._validation: _Validation | None = None
+        self.summary = TrainingSummary()
+        self.iteration = 0
+
+    def set_validation(self, rdd: RDD, trigger: Trigger,
+                       metrics: Sequence[ValidationMetric],
+                       batch_size: int = 1024) -> "DistriOptimizer":
+        """Evaluate ``metrics`` on ``rdd`` whenever ``trigger`` fires (results in the summary
+        and the log).
+
+        Example: ``opt.set_validation(val_rdd, EveryEpoch(), [Top1Accuracy(), Loss()])``.
+        """
+        owner = f"{_OWNER}.set_validation"
+        check_rdd("rdd", owner, rdd)
+        check_type("trigger", owner, trigger, Trigger, "a sparkdl.triggers.Trigger")
+        if isinstance(metrics, ValidationMetric):
+            metrics = [metrics]
+        if not metrics or not all(isinstance(m, ValidationMetric) for m in metrics):
+            raise argument_error("metrics", owner, "a non-empty list of "
+                                 "sparkdl.metrics.ValidationMetric", metrics)
+        self._validation = _Validation(rdd, trigger, list(metrics),
+                                       check_positive_int("batch_size", owner, batch_size))
+        return self
+
+    # ----------------------------------------------------------------------------- training
+    def optimize(self) -> nn.Module:
+        """Train until the end trigger fires; return the trained model (the same object)."""
+        sc = self.training_rdd.context
+        run_key = f"run-{uuid.uuid4().hex[:12]}"
+        dtype = self.layout.numpy_dtype.str
+        train = CachedData(self.training_rdd, dtype, "training")
+        val = CachedData(self._validation.rdd, dtype, "validation") if self._validation else None
+        spec_bc = None
+        try:
+            spec = summarize(train.build(), "training")
+            dry_run(self.model, self.criterion, spec, "training")
+            if val is not None:
+                val_spec = summarize(val.build(), "validation")
+                dry_run(self.model, self.criterion, val_spec, "validation")
+            plan = BatchPlan(spec.partition_sizes, self.batch_size, self.seed, self.shuffle)
+            spec_bc = sc.broadcast(self._replica_bytes())
+            allreduce = self._make_allreduce(train.num_partitions)
+            log.info("training on %d samples in %d partitions: global batch %d, %d iterations "
+                     "per epoch, %s all-reduce of %d values", plan.num_samples,
+                     plan.num_partitions, self.batch_size, plan.iterations_per_epoch,
+                     self.allreduce, self.layout.size)
+            self._loop(sc, run_key, train, val, plan, spec_bc, allreduce)
+        finally:
+            if spec_bc is not None:
+                spec_bc.destroy(blocking=False)
+            train.release()
+            keys = [run_key, train.data_key]
+            if val is not None:
+                val.release()
+                keys.append(val.data_key)
+            clean_workers(sc, keys)
+        return self.model
+
+    def _replica_bytes(self) -> bytes:
+        from pyspark import cloudpickle
+
+        return cloudpickle.dumps(ReplicaSpec(self.model, self.criterion, self.reduction))
+
+    def _make_allreduce(self, num_partitions: int) -> Any:
+        if self.allreduce == "driver":
+            return DriverAllReduce(self.layout.size, self.layout.numpy_dtype)
+        return ShuffleAllReduce(self.layout.size, self.layout.numpy_dtype,
+                                self.num_blocks or num_partitions)
+
+    def _loop(self, sc: Any, run_key: str, train: CachedData, val: CachedData | None,
+              plan: BatchPlan, spec_bc: Any, allreduce: Any) -> None:
+        weights = self.layout.weights_vector(self.model)
+        while True:
+            epoch, step = plan.epoch_and_step(self.iteration)
+            starts, counts = plan.shares(epoch, step)
+            records = plan.batch_size_at(step)
+            step_spec = StepSpec(run_key, train.data_key, self.seed, self.shuffle, epoch,
+                                 starts, counts, records, self.micro_batch_size)
+            t_start = time.perf_counter()
+            weights_bc = sc.broadcast(weights)
+            broadcast_s = time.perf_counter() - t_start
+            try:
+                result = self._reduce_with_recovery(train, allreduce, step_spec, spec_bc,
+                                                    weights_bc)
+            finally:
+                weights_bc.destroy(blocking=False)
+            t_update = time.perf_counter()
+            loss = float(math.fsum(r.loss for r in result.reports))
+            lr = float(self.optimizer.param_groups[0]["lr"])
+            self._apply(result.vector)
+            epoch_finished = step == plan.iterations_per_epoch - 1
+            if self.lr_scheduler is not None and (self.lr_scheduler_step == "iteration"
+                                                  or epoch_finished):
+                self.lr_scheduler.step()
+            weights = self.layout.weights_vector(self.model)
+            update_s = time.perf_counter() - t_update
+            wall = time.perf_counter() - t_start
+            self.iteration += 1
+            state = TrainingState(self.iteration, epoch + int(epoch_finished), epoch_finished)
+            compute_s = max((r.compute_s for r in result.reports), default=0.0)
+            record = IterationRecord(
+                iteration=self.iteration, epoch=epoch + 1, records=records, loss=loss,
+                learning_rate=lr, samples_per_s=records / wall, wall_s=wall,
+                compute_s=compute_s, reduce_s=result.reduce_s, update_s=update_s,
+                broadcast_s=broadcast_s,
+                other_s=max(0.0, wall - compute_s - result.reduce_s - update_s - broadcast_s))
+            self.summary.iterations.append(record)
+            log.info("epoch %d iteration %d (%d/%d): records %d, loss %.6g, %.0f samples/s",
+                     epoch + 1, self.iteration, step + 1, plan.iterations_per_epoch, records,
+                     loss, record.samples_per_s)
+            if self._validation is not None and val is not None and \
+                    self._validation.trigger(state):
+                self._validate(sc, run_key, val, spec_bc, weights, state)
+            if self.end_trigger(state):
+                log.info("training finished after %d iterations (%d epochs): loss %.6g",
+                         self.iteration, state.epoch, loss)
+                return
+
+    def _reduce_with_recovery(self, train: CachedData, allreduce: Any, step_spec: StepSpec,
+                              spec_bc: Any, weights_bc: Any) -> AllReduceResult:
+        for _ in range(_MAX_REBUILDS_PER_ITERATION + 1):
+            assert train.index_rdd is not None
+            result = allreduce.run(train.index_rdd, _gradient_fn(step_spec, spec_bc, weights_bc))
+            self._log_recomputed(train, result.reports)
+            missing = result.missing_partitions
+            if not missing and result.vector is not None:
+                return result
+            train.rebuild(missing)
+        raise SparkdlError(f"iteration {self.iteration + 1}: the training shards of partitions "
+                           f"{missing} could not be found even after {_MAX_REBUILDS_PER_ITERATION}"
+                           " rebuilds")
+
+    @staticmethod
+    def _log_recomputed(train: CachedData, reports: list[TaskReport]) -> None:
+        known = {s.partition: s.build_id for s in train.summaries}
+        rebuilt = [r.partition for r in reports
+                   if getattr(r, "build_id", "") and r.build_id != known.get(r.partition)]
+        if rebuilt:
+            log.warning("training shards of partitions %s were rebuilt from the RDD lineage on "
+                        "another executor (their executor or its cache was lost); training goes "
+                        "on with the same batches", rebuilt)
+            for s in train.summaries:
+                for r in reports:
+                    if r.partition == s.partition and getattr(r, "build_id", ""):
+                        s.build_id = r.build_id
+        retried = [r.partition for r in reports if r.attempt > 0]
+        if retried:
+            log.warning("tasks of partitions %s were retried by Spark; the result is unchanged "
+                        "(tasks are deterministic)", retried)
+
+    def _apply(self, vector: np.ndarray | None) -> None:
+        if vector is None:  # pragma: no cover - guarded by _reduce_with_recovery
+            raise SparkdlError("no gradient was produced")
+        self.layout.set_grads(self.model, vector)
+        self.layout.load_buffers(self.model, vector)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _validate(self, sc: Any, run_key: str, val: CachedData, spec_bc: Any,
+                  weights: np.ndarray, state: TrainingState) -> None:
+        assert self._validation is not None and val.index_rdd is not None
+        metrics = self._validation.metrics
+        weights_bc = sc.broadcast(weights)
+        try:
+            for _ in range(_MAX_REBUILDS_PER_ITERATION + 1):
+                fn = _evaluation_fn(run_key, val.data_key, spec_bc, weights_bc, metrics,
+                                    self._validation.batch_size)
+                results = sorted(val.index_rdd.mapPartitionsWithIndex(fn).collect(),
+                                 key=lambda r: r[0])
+                missing = [p for p, sums, n in results if sums is None and
+                           val.summaries[p].count > 0]
+                if not missing:
+                    break
+                val.rebuild(missing)
+        finally:
+            weights_bc.destroy(blocking=False)
+        values: dict[str, float] = {}
+        for m, metric in enumerate(metrics):
+            parts = [sums[m] for _, sums, n in results if sums is not None and n > 0]
+            total = np.sum(parts, axis=0) if parts else np.zeros(2)
+            values[metric.name] = metric.result(total)
+        self.summary.validations.append(ValidationRecord(state.iteration, state.epoch, values))
+        log.info("validation after iteration %d (epoch %d): %s", state.iteration, state.epoch,
+                 ", ".join(f"{k} {v:.6g}" for k, v in values.items()))

@@ -1,0 +1,65 @@
+"""Per-iteration and per-validation records of a training run.
+
+Example::
+
+    trained = opt.optimize()
+    opt.summary.iterations[-1].loss      # last iteration's training loss
+    opt.summary.to_pandas()              # one row per iteration
+    opt.summary.validation_pandas()      # one row per validation
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["IterationRecord", "ValidationRecord", "TrainingSummary"]
+
+
+@dataclass
+class IterationRecord:
+    """One iteration. Times are seconds; ``other_s`` is the wall time not in the other parts
+    (Spark scheduling, serialisation, the shuffle's transfers, the collect)."""
+
+    iteration: int
+    epoch: int
+    records: int
+    loss: float
+    learning_rate: float
+    samples_per_s: float
+    wall_s: float
+    compute_s: float
+    reduce_s: float
+    update_s: float
+    broadcast_s: float
+    other_s: float
+
+
+@dataclass
+class ValidationRecord:
+    """Validation metrics after ``iteration``."""
+
+    iteration: int
+    epoch: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class TrainingSummary:
+    """Everything recorded during training, in order."""
+
+    iterations: list[IterationRecord] = field(default_factory=list)
+    validations: list[ValidationRecord] = field(default_factory=list)
+
+    def to_pandas(self) -> Any:
+        """One row per iteration (needs pandas)."""
+        import pandas as pd
+
+        return pd.DataFrame([asdict(r) for r in self.iterations])
+
+    def validation_pandas(self) -> Any:
+        """One row per validation, one column per metric (needs pandas)."""
+        import pandas as pd
+
+        return pd.DataFrame([{"iteration": v.iteration, "epoch": v.epoch, **v.metrics}
+                             for v in self.validations])

@@ -1,0 +1,41 @@
+"""Shared fixtures: one local[2] SparkSession for the whole run (a session costs 10-20 s)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+# Executors run this interpreter (the test venv) and can import the helper modules in tests/,
+# as a user's executors import their code shipped with --py-files.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (TESTS_DIR, os.environ.get("PYTHONPATH", "")) if p)
+
+
+def spark_builder(master: str):
+    from pyspark.sql import SparkSession
+
+    return (SparkSession.builder.master(master)
+            .appName("sparkdl-tests")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.python.unix.domain.socket.enabled", "true")
+            .config("spark.sql.shuffle.partitions", "4")
+            .config("spark.default.parallelism", "2"))
+
+
+@pytest.fixture(scope="session")
+def spark():
+    session = spark_builder("local[2]").getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def sc(spark):
+    return spark.sparkContext

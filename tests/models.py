@@ -1,0 +1,115 @@
+"""Models, data and the single-process reference used by the tests (importable on executors)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from sparkdl.batching import BatchPlan
+
+
+class SmallNet(nn.Module):
+    def __init__(self, d_in: int = 6, hidden: int = 8, classes: int = 3) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_in, hidden)
+        self.fc2 = nn.Linear(hidden, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+class TwoInputNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(3, 4)
+        self.b = nn.Linear(2, 4)
+        self.out = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.a(x) + self.b(z)))
+
+
+class BatchNormNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 5)
+        self.bn = nn.BatchNorm1d(5)
+        self.out = nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.bn(self.fc(x))))
+
+
+class ThreadCheckingLoss(nn.CrossEntropyLoss):
+    """Cross-entropy that fails unless torch uses exactly ``threads`` threads."""
+
+    def __init__(self, threads: int) -> None:
+        super().__init__()
+        self.threads = threads
+
+    def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if torch.get_num_threads() != self.threads:
+            raise RuntimeError(f"torch uses {torch.get_num_threads()} threads in the task, "
+                               f"expected {self.threads}")
+        return super().forward(output, target)
+
+
+def classification_data(n: int, d: int = 6, classes: int = 3, seed: int = 0
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d)).astype(np.float32)
+    w = rng.normal(size=(d, classes))
+    y = np.argmax(x @ w + 0.3 * rng.normal(size=(n, classes)), axis=1).astype(np.int64)
+    return x, y
+
+
+def split_sizes(n: int, sizes: Sequence[int]) -> list[tuple[int, int]]:
+    assert sum(sizes) == n, (sizes, n)
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    return [(int(bounds[i]), int(bounds[i + 1])) for i in range(len(sizes))]
+
+
+def make_rdd(sc: Any, records: list[Any], sizes: Sequence[int]) -> Any:
+    """An RDD whose partition i holds the next ``sizes[i]`` records, in order."""
+    spans = split_sizes(len(records), sizes)
+    parts = [records[a:b] for a, b in spans]
+    return sc.parallelize(range(len(parts)), len(parts)).mapPartitionsWithIndex(
+        lambda i, _: iter(parts[i]))
+
+
+def reference_train(model: nn.Module, x: Any, y: np.ndarray, criterion: Any,
+                    make_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
+                    plan: BatchPlan, iterations: int,
+                    make_scheduler: Callable[[Any], Any] | None = None,
+                    scheduler_step: str = "epoch") -> nn.Module:
+    """Plain single-process PyTorch on the same union batches as the engine."""
+    model = copy.deepcopy(model)
+    optimizer = make_optimizer(model)
+    scheduler = make_scheduler(optimizer) if make_scheduler else None
+    inputs = x if isinstance(x, tuple) else (x,)
+    for t in range(iterations):
+        epoch, step = plan.epoch_and_step(t)
+        idx = plan.global_indices(epoch, step)
+        optimizer.zero_grad()
+        out = model(*[torch.from_numpy(a[idx]) for a in inputs])
+        criterion(out, torch.from_numpy(y[idx])).backward()
+        optimizer.step()
+        if scheduler is not None and (scheduler_step == "iteration"
+                                      or step == plan.iterations_per_epoch - 1):
+            scheduler.step()
+    return model
+
+
+def max_abs_diff(a: nn.Module, b: nn.Module) -> float:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    return max(float((sa[k].double() - sb[k].double()).abs().max()) for k in sa)
+
+
+def bitwise_equal(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
