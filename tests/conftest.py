@@ -12,6 +12,8 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 # Executors run this interpreter (the test venv) and can import the helper modules in tests/,
 # as a user's executors import their code shipped with --py-files.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+# Loopback only: the tests never listen on another interface.
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (TESTS_DIR, os.environ.get("PYTHONPATH", "")) if p)
 
@@ -22,6 +24,8 @@ def spark_builder(master: str):
     return (SparkSession.builder.master(master)
             .appName("sparkdl-tests")
             .config("spark.ui.enabled", "false")
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.python.unix.domain.socket.enabled", "true")
             .config("spark.sql.shuffle.partitions", "4")

@@ -45,16 +45,24 @@ class BatchNormNet(nn.Module):
 
 
 class ThreadCheckingLoss(nn.CrossEntropyLoss):
-    """Cross-entropy that fails unless torch uses exactly ``threads`` threads."""
+    """Cross-entropy that fails unless torch uses exactly ``threads`` threads in a task.
+
+    After each check it leaves the worker with a different thread count (as other code in a
+    reused Python worker might), so a later task passes only if the engine sets it again.
+    """
 
     def __init__(self, threads: int) -> None:
         super().__init__()
         self.threads = threads
 
     def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        if torch.get_num_threads() != self.threads:
-            raise RuntimeError(f"torch uses {torch.get_num_threads()} threads in the task, "
-                               f"expected {self.threads}")
+        from pyspark import TaskContext
+
+        if TaskContext.get() is not None:
+            if torch.get_num_threads() != self.threads:
+                raise RuntimeError(f"torch uses {torch.get_num_threads()} threads in the task, "
+                                   f"expected {self.threads}")
+            torch.set_num_threads(self.threads + 2)
         return super().forward(output, target)
 
 

@@ -1,0 +1,82 @@
+"""Acceptance 2 and 3: bitwise reproducibility, any batch size and partitioning, micro-batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models import (SmallNet, ThreadCheckingLoss, bitwise_equal, classification_data, make_rdd,
+                    max_abs_diff, reference_train)
+from sparkdl import DistriOptimizer
+from sparkdl.batching import BatchPlan
+from sparkdl.triggers import MaxEpoch, MaxIteration
+
+
+def train(sc, sizes, batch_size, seed=0, iterations=5, **kwargs):
+    x, y = classification_data(sum(sizes), seed=1)
+    torch.manual_seed(7)
+    net = SmallNet()
+    opt = DistriOptimizer(net, make_rdd(sc, list(zip(x, y)), sizes), torch.nn.CrossEntropyLoss(),
+                          torch.optim.SGD(net.parameters(), lr=0.2, momentum=0.9),
+                          batch_size=batch_size, end_trigger=MaxIteration(iterations), seed=seed,
+                          **kwargs)
+    return opt.optimize(), opt
+
+
+def test_same_seed_gives_bitwise_identical_weights(sc):
+    a, _ = train(sc, [40, 25, 35], 16, seed=5)
+    b, _ = train(sc, [40, 25, 35], 16, seed=5)
+    assert bitwise_equal(a, b)
+
+
+def test_different_seed_gives_different_weights(sc):
+    a, _ = train(sc, [40, 25, 35], 16, seed=5)
+    c, _ = train(sc, [40, 25, 35], 16, seed=6)
+    assert not bitwise_equal(a, c)
+
+
+def test_driver_and_shuffle_allreduce_agree_bitwise(sc):
+    a, _ = train(sc, [40, 25, 35], 16, allreduce="shuffle", num_blocks=5)
+    b, _ = train(sc, [40, 25, 35], 16, allreduce="driver")
+    assert bitwise_equal(a, b)
+
+
+@pytest.mark.parametrize("sizes,batch", [([50, 50], 7), ([10] * 11, 23), ([33, 1, 66], 1)])
+def test_any_batch_size_and_partition_count(sc, sizes, batch):
+    trained, opt = train(sc, sizes, batch, iterations=4)
+    x, y = classification_data(sum(sizes), seed=1)
+    torch.manual_seed(7)
+    reference = reference_train(
+        SmallNet(), x, y, torch.nn.CrossEntropyLoss(),
+        lambda m: torch.optim.SGD(m.parameters(), lr=0.2, momentum=0.9),
+        BatchPlan(sizes, batch, 0), 4)
+    assert max_abs_diff(trained, reference) <= 1e-5
+    assert all(r.records == batch for r in opt.summary.iterations)
+
+
+def test_micro_batching_gives_the_same_weights(sc):
+    plain, _ = train(sc, [60, 40], 50, iterations=4)
+    micro, _ = train(sc, [60, 40], 50, iterations=4, micro_batch_size=7)
+    assert max_abs_diff(plain, micro) <= 1e-6
+
+
+def test_max_epoch_counts_full_passes(sc):
+    x, y = classification_data(100, seed=1)
+    net = SmallNet()
+    opt = DistriOptimizer(net, make_rdd(sc, list(zip(x, y)), [60, 40]),
+                          torch.nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1),
+                          batch_size=30, end_trigger=MaxEpoch(2))
+    opt.optimize()
+    assert [r.epoch for r in opt.summary.iterations] == [1] * 4 + [2] * 4
+    assert sum(r.records for r in opt.summary.iterations) == 200
+
+
+def test_tasks_use_spark_task_cpus_threads(sc):
+    # local[2] runs tasks with spark.task.cpus=1 while torch would default to 2 threads here.
+    x, y = classification_data(40, seed=1)
+    net = SmallNet()
+    opt = DistriOptimizer(net, make_rdd(sc, list(zip(x, y)), [20, 20]), ThreadCheckingLoss(1),
+                          torch.optim.SGD(net.parameters(), lr=0.1), batch_size=10,
+                          end_trigger=MaxIteration(4))
+    opt.optimize()
+    assert len(opt.summary.iterations) == 4
