@@ -6,10 +6,15 @@ blocks sit on the executors that hold the shards. Every iteration's job runs ove
 so Spark's locality sends task ``i`` to where shard ``i`` lives, and only the summary record
 (not the data) goes from the JVM to Python.
 
-If an executor is lost, its cached blocks are lost with it and Spark recomputes them from the
-lineage, which rebuilds the shards on the new executor inside the same job. If a task lands on an
-executor without the shard anyway, it reports it, and :meth:`CachedData.rebuild` builds everything
-again before the iteration is re-run.
+The tiny RDD sits behind a shuffle keyed by partition index (summary ``i`` goes to partition
+``i``): its tasks then carry small shuffle partitions instead of the user's partitions (which for
+``sc.parallelize`` hold the data itself and would be shipped with every iteration's tasks), and
+Spark's reduce-side locality still places partition ``i`` where map task ``i`` built shard ``i``.
+
+If an executor is lost, its cached blocks and map outputs are lost with it and Spark re-runs the
+lost build tasks from the lineage, which rebuilds the shards on a live executor inside the same
+job. If a task lands on an executor without the shard anyway, it reports it, and
+:meth:`CachedData.rebuild` builds everything again before the iteration is re-run.
 """
 
 from __future__ import annotations
@@ -35,9 +40,13 @@ def _make_builder(data_key: str, float_dtype: str) -> Any:
 
         summary = build_shard(data_key, partition, records, float_dtype)
         summary.build_id = uuid.uuid4().hex
-        yield summary
+        yield partition, summary
 
     return build_partition
+
+
+def _own_partition(partition: int) -> int:
+    return partition
 
 
 def _make_dropper(data_keys: list[str]) -> Any:
@@ -79,10 +88,10 @@ class CachedData:
         if self.index_rdd is not None:
             self.index_rdd.unpersist(blocking=False)
         builder = _make_builder(self.data_key, self.float_dtype)
-        self.index_rdd = self.rdd.mapPartitionsWithIndex(builder).persist(
-            StorageLevel.MEMORY_ONLY)
+        self.index_rdd = self.rdd.mapPartitionsWithIndex(builder).partitionBy(
+            self.num_partitions, _own_partition).persist(StorageLevel.MEMORY_ONLY)
         self.index_rdd.setName(f"sparkdl {self.name} shards {self.data_key}")
-        self.summaries = sorted(self.index_rdd.collect(), key=lambda s: s.partition)
+        self.summaries = [s for _, s in sorted(self.index_rdd.collect(), key=lambda r: r[0])]
         log.info("%s data: %d samples in %d partitions held as shards on the executors",
                  self.name, sum(s.count for s in self.summaries), len(self.summaries))
         return self.summaries

@@ -1,0 +1,81 @@
+"""Per-iteration time against partition size, at the same global batch (issue: the engine).
+
+    python bench/iteration_vs_partition_size.py [--sizes 10000 200000] [--iterations 40]
+
+Trains the W1 model (MLP 784-256-10, SGD) on 2 partitions of synthetic MNIST-shaped data on
+local[2], for each partition size in turn, twice, interleaved; prints the median iteration time
+(after warm-up) per size and the ratio to the smallest. Since every iteration reads only its batch
+from the executor-held shards, the ratio should stay near 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+
+def make_rdd(sc, per_partition: int, partitions: int = 2):
+    def generate(index, _):
+        rng = np.random.default_rng(index)
+        protos = np.random.default_rng(42).normal(size=(10, 784)).astype(np.float32)
+        for _ in range(per_partition):
+            label = int(rng.integers(10))
+            yield protos[label] + rng.normal(size=784).astype(np.float32), label
+
+    return sc.parallelize(range(partitions), partitions).mapPartitionsWithIndex(generate)
+
+
+def run(sc, per_partition: int, iterations: int, warmup: int) -> float:
+    from sparkdl import DistriOptimizer
+    from sparkdl.triggers import MaxIteration
+
+    torch.manual_seed(42)
+    net = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    opt = DistriOptimizer(net, make_rdd(sc, per_partition), torch.nn.CrossEntropyLoss(),
+                          torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9),
+                          batch_size=256, end_trigger=MaxIteration(iterations), seed=0)
+    t0 = time.perf_counter()
+    opt.optimize()
+    walls = [r.wall_s for r in opt.summary.iterations[warmup:]]
+    print(f"  {per_partition:>7} samples/partition: median iteration {1000 * statistics.median(walls):7.1f} ms"
+          f"  (run incl. shard build {time.perf_counter() - t0:5.1f} s)", flush=True)
+    return statistics.median(walls)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 200_000])
+    p.add_argument("--iterations", type=int, default=40)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=2)
+    args = p.parse_args()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.python.unix.domain.socket.enabled", "true")
+             .config("spark.driver.memory", "4g").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    results: dict[int, list[float]] = {s: [] for s in args.sizes}
+    for round_ in range(args.rounds):
+        print(f"round {round_ + 1}", flush=True)
+        for size in args.sizes:
+            results[size].append(run(spark.sparkContext, size, args.iterations, args.warmup))
+    base = statistics.median(results[args.sizes[0]])
+    print("\nsamples/partition | median iteration (ms) | ratio to smallest")
+    for size in args.sizes:
+        m = statistics.median(results[size])
+        print(f"{size:>17} | {1000 * m:21.1f} | {m / base:6.3f}")
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
