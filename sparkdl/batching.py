@@ -30,7 +30,13 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["BatchPlan", "local_permutation"]
+__all__ = ["BatchPlan", "local_permutation", "task_seed"]
+
+
+def task_seed(seed: int, iteration: int, partition: int) -> int:
+    """The torch seed of one task (dropout and other random layers), from the run's seed."""
+    state = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, iteration, partition])
+    return int(state.generate_state(1, dtype=np.uint64)[0] & 0x7FFFFFFFFFFFFFFF)
 
 
 def local_permutation(num_samples: int, seed: int, epoch: int, partition: int,

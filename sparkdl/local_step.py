@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from .batching import task_seed
 from .metrics import ValidationMetric
 from .replica import Replica, set_task_threads
 from .shards import Shard, open_shard
@@ -32,6 +33,7 @@ class StepSpec:
     data_key: str
     seed: int
     shuffle: bool
+    iteration: int
     epoch: int
     starts: np.ndarray
     counts: np.ndarray
@@ -85,6 +87,7 @@ def local_gradient(spec: StepSpec, partition: int, replica_getter: Any, weights:
     layout.load_weights(model, weights)
     model.train()
     model.zero_grad(set_to_none=True)
+    torch.manual_seed(task_seed(spec.seed, spec.iteration, partition))
     start = int(spec.starts[partition])
     indices = shard.permutation(spec.seed, spec.epoch, partition, spec.shuffle)[start:start + count]
     mean = replica.reduction == "mean"

@@ -16,6 +16,10 @@ forward passes in training mode starting from the broadcast buffers, and after t
 model's buffers become the sample-weighted average of the tasks' buffers (integer buffers such as
 ``num_batches_tracked`` rounded). With one partition this is exactly single-process training;
 BatchNorm's batch statistics are per task (per micro-batch), as in PyTorch DDP without SyncBN.
+
+Randomness: batches come from :class:`~sparkdl.batching.BatchPlan`; random layers (dropout) in
+task ``i`` of iteration ``t`` draw from torch's generator seeded with
+``task_seed(seed, t, i)``. So the run's ``seed`` fixes every random choice.
 """
 
 from __future__ import annotations
@@ -261,8 +265,8 @@ class DistriOptimizer:
             epoch, step = plan.epoch_and_step(self.iteration)
             starts, counts = plan.shares(epoch, step)
             records = plan.batch_size_at(step)
-            step_spec = StepSpec(run_key, train.data_key, self.seed, self.shuffle, epoch,
-                                 starts, counts, records, self.micro_batch_size)
+            step_spec = StepSpec(run_key, train.data_key, self.seed, self.shuffle, self.iteration,
+                                 epoch, starts, counts, records, self.micro_batch_size)
             t_start = time.perf_counter()
             weights_bc = sc.broadcast(weights)
             broadcast_s = time.perf_counter() - t_start

@@ -80,3 +80,33 @@ def test_tasks_use_spark_task_cpus_threads(sc):
                           end_trigger=MaxIteration(4))
     opt.optimize()
     assert len(opt.summary.iterations) == 4
+
+
+def test_dropout_is_seeded_per_task(sc):
+    from models import DropoutNet
+    from sparkdl.batching import task_seed
+
+    x, y = classification_data(60, seed=1)
+
+    def run(sizes, seed):
+        torch.manual_seed(0)
+        net = DropoutNet()
+        DistriOptimizer(net, make_rdd(sc, list(zip(x, y)), sizes), torch.nn.CrossEntropyLoss(),
+                        torch.optim.SGD(net.parameters(), lr=0.2), batch_size=20, seed=seed,
+                        end_trigger=MaxIteration(3)).optimize()
+        return net
+
+    assert bitwise_equal(run([30, 30], 4), run([30, 30], 4))
+    assert not bitwise_equal(run([30, 30], 4), run([30, 30], 5))
+    # One partition: single-process PyTorch seeded the same way gives the same weights.
+    torch.manual_seed(0)
+    ref = DropoutNet()
+    sgd = torch.optim.SGD(ref.parameters(), lr=0.2)
+    plan = BatchPlan([60], 20, 4)
+    for t in range(3):
+        idx = plan.global_indices(*plan.epoch_and_step(t))
+        torch.manual_seed(task_seed(4, t, 0))
+        sgd.zero_grad()
+        torch.nn.CrossEntropyLoss()(ref(torch.from_numpy(x[idx])), torch.from_numpy(y[idx])).backward()
+        sgd.step()
+    assert max_abs_diff(run([60], 4), ref) <= 1e-6
