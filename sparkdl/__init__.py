@@ -9,8 +9,8 @@ Example::
                               batch_size=256, end_trigger=MaxEpoch(5)).optimize()
 """
 
-from .errors import (InvalidArgumentError, ModelCriterionMismatchError, SparkdlError,
-                     TrainingDataError)
+from .errors import (CheckpointError, InvalidArgumentError, ModelCriterionMismatchError,
+                     NonFiniteError, SparkdlError, TrainingDataError)
 from .metrics import MAE, Loss, Top1Accuracy, ValidationMetric
 from .optimizer import DistriOptimizer
 from .summary import TrainingSummary
@@ -28,4 +28,6 @@ __all__ = [
     "InvalidArgumentError",
     "TrainingDataError",
     "ModelCriterionMismatchError",
+    "CheckpointError",
+    "NonFiniteError",
 ]

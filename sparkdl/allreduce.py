@@ -88,7 +88,7 @@ class ShuffleAllReduce:
 
         def map_side(partition: int, records: Iterator[Any]) -> Iterator[Any]:
             summaries = list(records)
-            vector, report = local_fn(partition, summaries[0][1] if summaries else None)
+            vector, report = local_fn(partition, summaries[0] if summaries else None)
             for k in range(num_blocks):
                 block = None if vector is None else vector[bounds[k]:bounds[k + 1]].tobytes()
                 yield k, (partition, block, report if k == 0 else None)
@@ -128,7 +128,7 @@ class DriverAllReduce:
     def run(self, index_rdd: RDD, local_fn: LocalFn) -> AllReduceResult:
         def map_side(partition: int, records: Iterator[Any]) -> Iterator[Any]:
             summaries = list(records)
-            vector, report = local_fn(partition, summaries[0][1] if summaries else None)
+            vector, report = local_fn(partition, summaries[0] if summaries else None)
             yield partition, None if vector is None else vector.tobytes(), report
 
         results = index_rdd.mapPartitionsWithIndex(map_side).collect()

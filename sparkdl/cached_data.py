@@ -6,15 +6,16 @@ blocks sit on the executors that hold the shards. Every iteration's job runs ove
 so Spark's locality sends task ``i`` to where shard ``i`` lives, and only the summary record
 (not the data) goes from the JVM to Python.
 
-The tiny RDD sits behind a shuffle keyed by partition index (summary ``i`` goes to partition
-``i``): its tasks then carry small shuffle partitions instead of the user's partitions (which for
-``sc.parallelize`` hold the data itself and would be shipped with every iteration's tasks), and
-Spark's reduce-side locality still places partition ``i`` where map task ``i`` built shard ``i``.
+The tiny RDD is persisted and *locally checkpointed*: the task that builds shard ``i`` also stores
+summary ``i`` in its executor's block manager, and the RDD's lineage is then cut, so iteration
+tasks carry tiny checkpoint partitions (not the user's partitions, which for ``sc.parallelize``
+hold the data itself) and Spark's locality sends them to the very executor that built their shard.
 
-If an executor is lost, its cached blocks and map outputs are lost with it and Spark re-runs the
-lost build tasks from the lineage, which rebuilds the shards on a live executor inside the same
-job. If a task lands on an executor without the shard anyway, it reports it, and
-:meth:`CachedData.rebuild` builds everything again before the iteration is re-run.
+If an executor is lost, its checkpointed blocks are lost with it and the iteration's job fails with
+Spark's "Checkpoint block ... not found"; the engine recognises that (:func:`lost_data_reason`),
+rebuilds all shards from the user's RDD with :meth:`CachedData.rebuild` and re-runs the iteration,
+which is deterministic. A task that finds no shard where it runs reports it and leads to the same
+rebuild.
 """
 
 from __future__ import annotations
@@ -29,7 +30,18 @@ from pyspark import RDD, StorageLevel
 
 from .shards import ShardSummary
 
-__all__ = ["CachedData", "clean_workers"]
+__all__ = ["CachedData", "clean_workers", "lost_data_reason"]
+
+_LOST_DATA_MARKERS = ("Checkpoint block", "ExecutorLostFailure", "FetchFailed")
+
+
+def lost_data_reason(exc: BaseException) -> str | None:
+    """If a Spark job failed because executor-held data was lost (a lost executor), which a
+    rebuild of the shards repairs, the line of the error that says so; otherwise None."""
+    for line in str(exc).splitlines():
+        if any(marker in line for marker in _LOST_DATA_MARKERS):
+            return line.strip(" :")[:300]
+    return None
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +50,9 @@ def _make_builder(data_key: str, float_dtype: str) -> Any:
     def build_partition(partition: int, records: Any) -> Any:
         from sparkdl.shards import build_shard
 
-        summary = build_shard(data_key, partition, records, float_dtype)
-        summary.build_id = uuid.uuid4().hex
-        yield partition, summary
+        yield build_shard(data_key, partition, records, float_dtype)
 
     return build_partition
-
-
-def _own_partition(partition: int) -> int:
-    return partition
 
 
 def _make_dropper(data_keys: list[str]) -> Any:
@@ -88,19 +94,21 @@ class CachedData:
         if self.index_rdd is not None:
             self.index_rdd.unpersist(blocking=False)
         builder = _make_builder(self.data_key, self.float_dtype)
-        self.index_rdd = self.rdd.mapPartitionsWithIndex(builder).partitionBy(
-            self.num_partitions, _own_partition).persist(StorageLevel.MEMORY_ONLY)
+        self.index_rdd = self.rdd.mapPartitionsWithIndex(builder)
         self.index_rdd.setName(f"sparkdl {self.name} shards {self.data_key}")
-        self.summaries = [s for _, s in sorted(self.index_rdd.collect(), key=lambda r: r[0])]
+        # persist() also stops pyspark from pipelining later stages into the build function;
+        # localCheckpoint() then cuts the lineage once the blocks exist.
+        self.index_rdd.persist(StorageLevel.MEMORY_AND_DISK)
+        self.index_rdd.localCheckpoint()
+        self.summaries = sorted(self.index_rdd.collect(), key=lambda s: s.partition)
         log.info("%s data: %d samples in %d partitions held as shards on the executors",
                  self.name, sum(s.count for s in self.summaries), len(self.summaries))
         return self.summaries
 
-    def rebuild(self, partitions: list[int]) -> None:
-        """Build all shards again because ``partitions`` were not found where their task ran."""
-        log.warning("%s shards of partitions %s were not found on the executors that ran their "
-                    "tasks (executor lost or cache evicted); rebuilding them from the RDD lineage",
-                    self.name, partitions)
+    def rebuild(self, reason: str) -> None:
+        """Build all shards again (``reason`` goes to the log)."""
+        log.warning("%s shards must be rebuilt: %s; rebuilding them from the RDD lineage",
+                    self.name, reason)
         self.build()
 
     def release(self) -> None:

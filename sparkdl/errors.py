@@ -21,3 +21,24 @@ class TrainingDataError(SparkdlError, ValueError):
 
 class ModelCriterionMismatchError(SparkdlError, ValueError):
     """The model's output does not fit the criterion (or the labels)."""
+
+
+class CheckpointError(SparkdlError):
+    """A checkpoint cannot be written, read, or does not belong to this model and data."""
+
+
+class NonFiniteError(SparkdlError, FloatingPointError):
+    """The loss or the gradient became NaN or infinite.
+
+    Attributes:
+        iteration: the 1-based iteration whose loss or gradient was not finite.
+        state_dict: the last good weights (a copy of the model's state before that iteration).
+        checkpoint: the checkpoint file written with those weights, or None.
+    """
+
+    def __init__(self, message: str, iteration: int, state_dict: dict,
+                 checkpoint: str | None) -> None:
+        super().__init__(message)
+        self.iteration = iteration
+        self.state_dict = state_dict
+        self.checkpoint = checkpoint

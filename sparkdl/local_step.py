@@ -51,7 +51,6 @@ class TaskReport:
     compute_s: float = 0.0
     missing_shard: bool = False
     attempt: int = 0
-    build_id: str = ""
 
 
 def _to_tensors(features: Sequence[np.ndarray], labels: np.ndarray

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import pickle
+from dataclasses import asdict
 import time
 import uuid
 from dataclasses import dataclass
@@ -39,8 +40,9 @@ from torch import nn
 
 from .allreduce import AllReduceResult, DriverAllReduce, ShuffleAllReduce
 from .batching import BatchPlan
-from .cached_data import CachedData, clean_workers
-from .errors import InvalidArgumentError, SparkdlError
+from .cached_data import CachedData, clean_workers, lost_data_reason
+from .checkpoint import FORMAT_VERSION, CheckpointStore
+from .errors import CheckpointError, InvalidArgumentError, NonFiniteError, SparkdlError
 from .flat_params import ParamLayout
 from .input_checks import (argument_error, check_criterion, check_optimizer, check_positive_int,
                            check_rdd, check_type, dry_run, summarize)
@@ -83,9 +85,7 @@ def _gradient_fn(step: StepSpec, spec_bc: Any, weights_bc: Any) -> Callable[[int
     getter = _replica_getter(step.run_key, spec_bc)
 
     def fn(partition: int, summary: Any) -> Any:
-        vector, report = local_gradient(step, partition, getter, weights_bc.value)
-        report.build_id = getattr(summary, "build_id", "")
-        return vector, report
+        return local_gradient(step, partition, getter, weights_bc.value)
 
     return fn
 
@@ -110,6 +110,14 @@ class _Validation:
     trigger: Trigger
     metrics: list[ValidationMetric]
     batch_size: int
+
+
+@dataclass
+class _Checkpointing:
+    path: str
+    trigger: Trigger
+    keep_last: int
+    resume: bool
 
 
 class DistriOptimizer:
@@ -190,6 +198,7 @@ class DistriOptimizer:
         self.num_blocks = check_positive_int("num_blocks", _OWNER, num_blocks, allow_none=True)
         self.layout = ParamLayout(model)
         self._validation: _Validation | None = None
+        self._checkpointing: _Checkpointing | None = None
         self.summary = TrainingSummary()
         self.iteration = 0
 
@@ -213,6 +222,37 @@ class DistriOptimizer:
                                        check_positive_int("batch_size", owner, batch_size))
         return self
 
+    def set_checkpoint(self, path: str, trigger: Trigger, keep_last: int = 3,
+                       resume: bool = True) -> "DistriOptimizer":
+        """Write the whole training state to ``path`` whenever ``trigger`` fires.
+
+        A checkpoint holds the model, optimizer and scheduler states, the iteration and epoch,
+        torch's RNG state and the summary so far; it is written atomically (temporary file, then
+        rename) through Spark's Hadoop FileSystem (``hdfs://``, ``s3a://``, ``file://`` or a plain
+        path). Only the newest ``keep_last`` are kept. With ``resume=True`` (the default),
+        :meth:`optimize` continues from the newest checkpoint already in ``path``, to the same
+        result as an uninterrupted run; with ``resume=False`` the directory must hold none.
+        The directory is checked for writing now, before any cluster work.
+
+        Example: ``opt.set_checkpoint("hdfs:///ckpt/run1", EveryEpoch(), keep_last=2)``.
+        """
+        owner = f"{_OWNER}.set_checkpoint"
+        if not isinstance(path, str) or not path.strip():
+            raise argument_error("path", owner, "a non-empty directory path or URI", path)
+        check_type("trigger", owner, trigger, Trigger,
+                   "a sparkdl.triggers.Trigger such as EveryEpoch()")
+        keep_last = check_positive_int("keep_last", owner, keep_last)
+        check_type("resume", owner, resume, bool, "a bool")
+        store = CheckpointStore(path, self.training_rdd.context)
+        store.check_writable()
+        if not resume and store.iterations():
+            raise CheckpointError(
+                f"The checkpoint directory {path!r} already holds checkpoints "
+                f"(iterations {store.iterations()}) and resume=False: choose an empty directory "
+                "or pass resume=True to continue from the newest one.")
+        self._checkpointing = _Checkpointing(path, trigger, keep_last, resume)
+        return self
+
     # ----------------------------------------------------------------------------- training
     def optimize(self) -> nn.Module:
         """Train until the end trigger fires; return the trained model (the same object)."""
@@ -222,6 +262,9 @@ class DistriOptimizer:
         train = CachedData(self.training_rdd, dtype, "training")
         val = CachedData(self._validation.rdd, dtype, "validation") if self._validation else None
         spec_bc = None
+        store = (CheckpointStore(self._checkpointing.path, sc)
+                 if self._checkpointing is not None else None)
+        resumed = self._read_latest_checkpoint(store)
         try:
             spec = summarize(train.build(), "training")
             dry_run(self.model, self.criterion, spec, "training")
@@ -229,13 +272,15 @@ class DistriOptimizer:
                 val_spec = summarize(val.build(), "validation")
                 dry_run(self.model, self.criterion, val_spec, "validation")
             plan = BatchPlan(spec.partition_sizes, self.batch_size, self.seed, self.shuffle)
+            if resumed is not None:
+                self._restore(resumed, plan, store)
             spec_bc = sc.broadcast(self._replica_bytes())
             allreduce = self._make_allreduce(train.num_partitions)
             log.info("training on %d samples in %d partitions: global batch %d, %d iterations "
                      "per epoch, %s all-reduce of %d values", plan.num_samples,
                      plan.num_partitions, self.batch_size, plan.iterations_per_epoch,
                      self.allreduce, self.layout.size)
-            self._loop(sc, run_key, train, val, plan, spec_bc, allreduce)
+            self._loop(sc, run_key, train, val, plan, spec_bc, allreduce, store)
         finally:
             if spec_bc is not None:
                 spec_bc.destroy(blocking=False)
@@ -246,6 +291,83 @@ class DistriOptimizer:
                 keys.append(val.data_key)
             clean_workers(sc, keys)
         return self.model
+
+    # --------------------------------------------------------------------------- checkpoints
+    def _model_signature(self) -> list[list[Any]]:
+        return [[name, list(t.shape)] for name, t in self.model.state_dict().items()]
+
+    def _read_latest_checkpoint(self, store: CheckpointStore | None) -> dict[str, Any] | None:
+        """The newest checkpoint to resume from, checked against this model (no cluster work)."""
+        if store is None or self._checkpointing is None or not self._checkpointing.resume:
+            return None
+        iterations = store.iterations()
+        if not iterations:
+            return None
+        state = store.read(iterations[-1])
+        name = store.file_name(iterations[-1])
+        model_class = f"{type(self.model).__module__}.{type(self.model).__qualname__}"
+        if state.get("model_class") != model_class:
+            raise CheckpointError(f"The checkpoint {name} is of a model of class "
+                                  f"{state.get('model_class')}, not {model_class}.")
+        theirs = state.get("model_signature", [])
+        ours = self._model_signature()
+        if theirs != ours:
+            diff = next(((a, b) for a, b in zip(theirs, ours) if a != b),
+                        (theirs[len(ours):len(ours) + 1] or ["(none)"],
+                         ours[len(theirs):len(theirs) + 1] or ["(none)"]))
+            raise CheckpointError(f"The checkpoint {name} belongs to a different model: it has "
+                                  f"{diff[0]} where this model has {diff[1]}.")
+        return state
+
+    def _restore(self, state: dict[str, Any], plan: BatchPlan,
+                 store: CheckpointStore | None) -> None:
+        assert store is not None
+        name = store.file_name(int(state["iteration"]))
+        ours = {"seed": self.seed, "batch_size": self.batch_size, "shuffle": self.shuffle,
+                "partition_sizes": [int(n) for n in plan.partition_sizes]}
+        for key, value in ours.items():
+            if state["run"].get(key) != value:
+                raise CheckpointError(
+                    f"The checkpoint {name} was written by a run with {key}="
+                    f"{state['run'].get(key)}, but this run has {key}={value}: resuming would not "
+                    "reproduce the interrupted run. Use the same data partitioning and settings, "
+                    "or a new checkpoint directory.")
+        self.model.load_state_dict(state["model_state"])
+        self.optimizer.load_state_dict(state["optimizer_state"])
+        if self.lr_scheduler is not None and state.get("scheduler_state") is not None:
+            self.lr_scheduler.load_state_dict(state["scheduler_state"])
+        torch.set_rng_state(state["torch_rng_state"])
+        self.iteration = int(state["iteration"])
+        self.summary = TrainingSummary(
+            [IterationRecord(**r) for r in state["summary"]["iterations"]],
+            [ValidationRecord(**v) for v in state["summary"]["validations"]])
+        log.warning("resuming from checkpoint %s: iteration %d, epoch %d", name, self.iteration,
+                    self.iteration // plan.iterations_per_epoch)
+
+    def _checkpoint_state(self, plan: BatchPlan) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "model_class": f"{type(self.model).__module__}.{type(self.model).__qualname__}",
+            "model_signature": self._model_signature(),
+            "model_state": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            "optimizer_state": self.optimizer.state_dict(),
+            "scheduler_state": (self.lr_scheduler.state_dict()
+                                if self.lr_scheduler is not None else None),
+            "iteration": self.iteration,
+            "epoch": self.iteration // plan.iterations_per_epoch,
+            "run": {"seed": self.seed, "batch_size": self.batch_size, "shuffle": self.shuffle,
+                    "partition_sizes": [int(n) for n in plan.partition_sizes]},
+            "torch_rng_state": torch.get_rng_state(),
+            "summary": {"iterations": [asdict(r) for r in self.summary.iterations],
+                        "validations": [asdict(v) for v in self.summary.validations]},
+        }
+
+    def _write_checkpoint(self, store: CheckpointStore, plan: BatchPlan) -> str:
+        assert self._checkpointing is not None
+        path = store.write(self.iteration, self._checkpoint_state(plan),
+                           self._checkpointing.keep_last)
+        log.info("checkpoint written: %s", path)
+        return path
 
     def _replica_bytes(self) -> bytes:
         from pyspark import cloudpickle
@@ -259,8 +381,17 @@ class DistriOptimizer:
                                 self.num_blocks or num_partitions)
 
     def _loop(self, sc: Any, run_key: str, train: CachedData, val: CachedData | None,
-              plan: BatchPlan, spec_bc: Any, allreduce: Any) -> None:
+              plan: BatchPlan, spec_bc: Any, allreduce: Any,
+              store: CheckpointStore | None) -> None:
         weights = self.layout.weights_vector(self.model)
+        if self.iteration > 0:
+            done = self.iteration % plan.iterations_per_epoch == 0
+            if self.end_trigger(TrainingState(self.iteration,
+                                              self.iteration // plan.iterations_per_epoch,
+                                              done)):
+                log.info("the end trigger had already fired at iteration %d: nothing to train",
+                         self.iteration)
+                return
         while True:
             epoch, step = plan.epoch_and_step(self.iteration)
             starts, counts = plan.shares(epoch, step)
@@ -278,6 +409,7 @@ class DistriOptimizer:
             t_update = time.perf_counter()
             loss = float(math.fsum(r.loss for r in result.reports))
             lr = float(self.optimizer.param_groups[0]["lr"])
+            self._stop_if_not_finite(loss, result.vector, plan, store)
             self._apply(result.vector)
             epoch_finished = step == plan.iterations_per_epoch - 1
             if self.lr_scheduler is not None and (self.lr_scheduler_step == "iteration"
@@ -302,6 +434,9 @@ class DistriOptimizer:
             if self._validation is not None and val is not None and \
                     self._validation.trigger(state):
                 self._validate(sc, run_key, val, spec_bc, weights, state)
+            if store is not None and self._checkpointing is not None and \
+                    self._checkpointing.trigger(state):
+                self._write_checkpoint(store, plan)
             if self.end_trigger(state):
                 log.info("training finished after %d iterations (%d epochs): loss %.6g",
                          self.iteration, state.epoch, loss)
@@ -309,35 +444,51 @@ class DistriOptimizer:
 
     def _reduce_with_recovery(self, train: CachedData, allreduce: Any, step_spec: StepSpec,
                               spec_bc: Any, weights_bc: Any) -> AllReduceResult:
-        for _ in range(_MAX_REBUILDS_PER_ITERATION + 1):
+        """Run the iteration's job; if executor-held data was lost, rebuild it and run again."""
+        for attempt in range(_MAX_REBUILDS_PER_ITERATION + 1):
             assert train.index_rdd is not None
-            result = allreduce.run(train.index_rdd, _gradient_fn(step_spec, spec_bc, weights_bc))
-            self._log_recomputed(train, result.reports)
+            try:
+                result = allreduce.run(train.index_rdd,
+                                       _gradient_fn(step_spec, spec_bc, weights_bc))
+            except Exception as exc:
+                reason = lost_data_reason(exc)
+                if reason is None or attempt == _MAX_REBUILDS_PER_ITERATION:
+                    raise
+                train.rebuild(f"the job of iteration {self.iteration + 1} lost executor-held "
+                              f"data ({reason})")
+                continue
+            self._log_retries(result.reports)
             missing = result.missing_partitions
             if not missing and result.vector is not None:
                 return result
-            train.rebuild(missing)
-        raise SparkdlError(f"iteration {self.iteration + 1}: the training shards of partitions "
-                           f"{missing} could not be found even after {_MAX_REBUILDS_PER_ITERATION}"
-                           " rebuilds")
+            train.rebuild(f"partitions {missing} found no shard on the executor that ran them")
+        raise SparkdlError(f"iteration {self.iteration + 1}: the training shards could not be "
+                           f"kept on the executors after {_MAX_REBUILDS_PER_ITERATION} rebuilds")
 
     @staticmethod
-    def _log_recomputed(train: CachedData, reports: list[TaskReport]) -> None:
-        known = {s.partition: s.build_id for s in train.summaries}
-        rebuilt = [r.partition for r in reports
-                   if getattr(r, "build_id", "") and r.build_id != known.get(r.partition)]
-        if rebuilt:
-            log.warning("training shards of partitions %s were rebuilt from the RDD lineage on "
-                        "another executor (their executor or its cache was lost); training goes "
-                        "on with the same batches", rebuilt)
-            for s in train.summaries:
-                for r in reports:
-                    if r.partition == s.partition and getattr(r, "build_id", ""):
-                        s.build_id = r.build_id
+    def _log_retries(reports: list[TaskReport]) -> None:
         retried = [r.partition for r in reports if r.attempt > 0]
         if retried:
             log.warning("tasks of partitions %s were retried by Spark; the result is unchanged "
                         "(tasks are deterministic)", retried)
+
+    def _stop_if_not_finite(self, loss: float, vector: np.ndarray | None, plan: BatchPlan,
+                            store: CheckpointStore | None) -> None:
+        if vector is None:  # pragma: no cover - guarded by _reduce_with_recovery
+            raise SparkdlError("no gradient was produced")
+        params = vector[:self.layout.num_param_values]
+        if math.isfinite(loss) and np.isfinite(params).all():
+            return
+        what = (f"the loss is {loss}" if not math.isfinite(loss) else
+                f"the gradient has {int((~np.isfinite(params)).sum())} non-finite values")
+        path = self._write_checkpoint(store, plan) if store is not None else None
+        good = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        message = (f"Training stopped at iteration {self.iteration + 1}: {what}. The model keeps "
+                   f"the last good weights (after iteration {self.iteration}); they are in this "
+                   "error's state_dict" + (f" and in checkpoint {path}" if path else "") +
+                   ". Lower the learning rate, clip gradients or check the data.")
+        log.error("%s", message)
+        raise NonFiniteError(message, self.iteration + 1, good, path)
 
     def _apply(self, vector: np.ndarray | None) -> None:
         if vector is None:  # pragma: no cover - guarded by _reduce_with_recovery
@@ -362,7 +513,7 @@ class DistriOptimizer:
                            val.summaries[p].count > 0]
                 if not missing:
                     break
-                val.rebuild(missing)
+                val.rebuild(f"partitions {missing} found no shard on the executor that ran them")
         finally:
             weights_bc.destroy(blocking=False)
         values: dict[str, float] = {}

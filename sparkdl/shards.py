@@ -57,7 +57,6 @@ class ShardSummary:
     sample_features: list[np.ndarray] = field(default_factory=list)
     sample_labels: np.ndarray | None = None
     executor_dir: str = ""
-    build_id: str = ""
     error: str | None = None
 
 
@@ -91,7 +90,7 @@ def shard_root() -> str:
         from pyspark.files import SparkFiles
 
         if SparkFiles._is_running_on_worker:  # type: ignore[attr-defined]
-            return os.path.join(SparkFiles.getRootDirectory(), "sparkdl-shards")
+            return os.path.abspath(os.path.join(SparkFiles.getRootDirectory(), "sparkdl-shards"))
     except Exception:  # pragma: no cover - outside Spark
         pass
     return os.path.join(tempfile.gettempdir(), "sparkdl-shards")

@@ -132,3 +132,55 @@ class DropoutNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.drop(torch.relu(self.fc1(x))))
+
+
+def _claim_once(marker: str) -> bool:
+    """True for exactly one caller across all processes of this machine (creates ``marker``)."""
+    import os
+
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+
+
+class FaultInjectingLoss(nn.CrossEntropyLoss):
+    """Cross-entropy that injects one fault in a task, at its ``at_call``-th call in a worker.
+
+    ``fault`` is "task" (raise on the task's first attempt only) or "executor" (SIGKILL the
+    executor JVM that runs the task). ``marker`` makes it happen once per run.
+    """
+
+    def __init__(self, fault: str, marker: str, at_call: int = 3) -> None:
+        super().__init__()
+        self.fault, self.marker, self.at_call = fault, marker, at_call
+        self.calls = 0
+
+    def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx is not None:
+            self.calls += 1
+            if (self.calls >= self.at_call and ctx.attemptNumber() == 0
+                    and _claim_once(self.marker)):
+                if self.fault == "task":
+                    raise RuntimeError("injected task failure (first attempt)")
+                _kill_executor_jvm()
+        return super().forward(output, target)
+
+
+def _kill_executor_jvm() -> None:
+    import os
+    import signal
+
+    pid = os.getpid()
+    while pid > 1:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"CoarseGrainedExecutorBackend" in f.read():
+                os.kill(pid, signal.SIGKILL)
+                os._exit(1)
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    raise RuntimeError("no executor JVM among this worker's ancestors")

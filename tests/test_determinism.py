@@ -110,3 +110,22 @@ def test_dropout_is_seeded_per_task(sc):
         torch.nn.CrossEntropyLoss()(ref(torch.from_numpy(x[idx])), torch.from_numpy(y[idx])).backward()
         sgd.step()
     assert max_abs_diff(run([60], 4), ref) <= 1e-6
+
+
+def test_each_partition_is_read_from_the_rdd_once(sc):
+    """Iterations use the executor-held shards, never the user's RDD again."""
+    x, y = classification_data(90, seed=1)
+    reads = sc.accumulator(0)
+
+    def counted(record):
+        reads.add(1)
+        return record
+
+    rdd = make_rdd(sc, list(zip(x, y)), [50, 40]).map(counted)
+    net = SmallNet()
+    opt = DistriOptimizer(net, rdd, torch.nn.CrossEntropyLoss(),
+                          torch.optim.SGD(net.parameters(), lr=0.1), batch_size=30,
+                          end_trigger=MaxIteration(5))
+    opt.optimize()
+    assert len(opt.summary.iterations) == 5
+    assert reads.value == 90

@@ -1,5 +1,8 @@
-"""Acceptance 4: the engine runs on local[2] and on local-cluster[2,1,1024] (two executor JVMs),
-with the same weights bitwise."""
+"""Runs in other driver processes: local-cluster (two executor JVMs), faults, a secured cluster.
+
+Engine acceptance 4 and failure acceptances 1, 2 and 5: every run ends with weights bitwise equal
+to an undisturbed local[2] run.
+"""
 
 from __future__ import annotations
 
@@ -14,17 +17,98 @@ import cluster_job
 from models import SmallNet, bitwise_equal
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+LOCAL_CLUSTER = "local-cluster[2,1,1024]"
+
+
+def run_job(tmp_path, master, *extra):
+    out = tmp_path / "weights.pt"
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "cluster_job.py"), master,
+                           str(out), *extra], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("\tat ")]
+        pytest.fail(f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n" + "\n".join(lines[-80:]))
+    model = SmallNet()
+    model.load_state_dict(torch.load(out, weights_only=True))
+    return model, proc
+
+
+@pytest.fixture(scope="module")
+def clean_run(sc):
+    trained, _ = cluster_job.train(sc)
+    return trained
 
 
 @pytest.mark.cluster
-def test_local_cluster_gives_the_same_weights_as_local(sc, tmp_path):
-    out = tmp_path / "weights.pt"
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "cluster_job.py"),
-                           "local-cluster[2,1,1024]", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+def test_local_cluster_gives_the_same_weights_as_local(clean_run, tmp_path):
+    model, proc = run_job(tmp_path, LOCAL_CLUSTER)
     assert "executors=2" in proc.stdout
-    on_cluster = SmallNet()
-    on_cluster.load_state_dict(torch.load(out, weights_only=True))
-    local = cluster_job.train(sc)
-    assert bitwise_equal(on_cluster, local)
+    assert bitwise_equal(model, clean_run)
+
+
+@pytest.mark.cluster
+def test_task_failure_on_local_with_retries(clean_run, tmp_path):
+    marker = tmp_path / "fault-marker"
+    model, proc = run_job(tmp_path, "local[2,4]", "--fault", "task", "--marker", str(marker))
+    assert marker.exists(), "the fault was never injected"
+    assert "injected task failure" in proc.stderr
+    assert "were retried by Spark" in proc.stderr
+    assert bitwise_equal(model, clean_run)
+
+
+@pytest.mark.cluster
+def test_task_failure_on_a_secured_local_cluster(clean_run, tmp_path):
+    marker = tmp_path / "fault-marker"
+    model, proc = run_job(tmp_path, LOCAL_CLUSTER, "--secure", "--fault", "task",
+                          "--marker", str(marker))
+    assert marker.exists(), "the fault was never injected"
+    assert "were retried by Spark" in proc.stderr
+    assert "executors=2" in proc.stdout
+    assert bitwise_equal(model, clean_run)
+
+
+@pytest.mark.cluster
+def test_executor_killed_mid_training(clean_run, tmp_path):
+    marker = tmp_path / "fault-marker"
+    model, proc = run_job(tmp_path, LOCAL_CLUSTER, "--fault", "executor", "--marker",
+                          str(marker))
+    assert marker.exists(), "no executor was killed"
+    assert "iterations=6" in proc.stdout
+    assert "rebuilding them from the RDD lineage" in proc.stderr
+    assert bitwise_equal(model, clean_run)
+
+
+@pytest.mark.cluster
+def test_killed_driver_resumes_from_its_checkpoint(sc, tmp_path):
+    """A driver process is SIGKILLed after a checkpoint; a new one ends bitwise equal to an
+    uninterrupted run."""
+    import signal
+    import time
+
+    ckpt, out = tmp_path / "ckpt", tmp_path / "weights.pt"
+    cmd = [sys.executable, os.path.join(HERE, "cluster_job.py"), "local[2]", str(out),
+           "--checkpoint", str(ckpt), "--iterations", "24"]
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             start_new_session=True)
+    deadline = time.time() + 300
+    try:
+        while time.time() < deadline and first.poll() is None:
+            if ckpt.exists() and any(f.startswith("checkpoint-") for f in os.listdir(ckpt)):
+                break
+            time.sleep(0.05)
+        assert first.poll() is None, "the first driver ended before it could be killed"
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=60)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert not out.exists()
+    survivors = sorted(int(f[11:21]) for f in os.listdir(ckpt) if f.startswith("checkpoint-"))
+    assert survivors and survivors[-1] < 24
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert f"resuming from checkpoint {ckpt}/checkpoint-{survivors[-1]:010d}.pt" in second.stderr
+    assert "iterations=24" in second.stdout
+    resumed = SmallNet()
+    resumed.load_state_dict(torch.load(out, weights_only=True))
+    uninterrupted, _ = cluster_job.train(sc, iterations=24)
+    assert bitwise_equal(resumed, uninterrupted)
