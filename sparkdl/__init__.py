@@ -11,6 +11,7 @@ Example::
 
 from .errors import (CheckpointError, InvalidArgumentError, ModelCriterionMismatchError,
                      NonFiniteError, SparkdlError, TrainingDataError)
+from .estimator import NNClassifier, NNClassifierModel, NNEstimator, NNModel
 from .metrics import MAE, Loss, Top1Accuracy, ValidationMetric
 from .optimizer import DistriOptimizer
 from .summary import TrainingSummary
@@ -19,6 +20,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DistriOptimizer",
+    "NNEstimator",
+    "NNModel",
+    "NNClassifier",
+    "NNClassifierModel",
     "TrainingSummary",
     "Top1Accuracy",
     "Loss",

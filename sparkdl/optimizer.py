@@ -201,6 +201,7 @@ class DistriOptimizer:
         self._checkpointing: _Checkpointing | None = None
         self.summary = TrainingSummary()
         self.iteration = 0
+        self.data_spec: Any = None
 
     def set_validation(self, rdd: RDD, trigger: Trigger,
                        metrics: Sequence[ValidationMetric],
@@ -267,6 +268,7 @@ class DistriOptimizer:
         resumed = self._read_latest_checkpoint(store)
         try:
             spec = summarize(train.build(), "training")
+            self.data_spec = spec
             dry_run(self.model, self.criterion, spec, "training")
             if val is not None:
                 val_spec = summarize(val.build(), "validation")

@@ -16,6 +16,7 @@ iteration, which is deterministic.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -29,7 +30,8 @@ import numpy as np
 
 from .batching import local_permutation
 
-__all__ = ["Shard", "ShardSummary", "build_shard", "open_shard", "drop_run", "shard_root"]
+__all__ = ["ArrayBlock", "Shard", "ShardSummary", "build_shard", "open_shard", "drop_run",
+           "shard_root"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,18 @@ _SAMPLE_RECORDS = 4
 
 # run key -> {partition -> Shard}; most recently used last.
 _CACHE: "OrderedDict[str, dict[int, Shard]]" = OrderedDict()
+
+
+@dataclass
+class ArrayBlock:
+    """Many samples in one record: ``features`` (one array per model input, samples on the first
+    axis) and ``labels``. An RDD of blocks is converted without a Python loop over samples (the
+    DataFrame API feeds the engine this way). ``error`` reports a problem found while making the
+    block, raised by the engine before training."""
+
+    features: list[np.ndarray]
+    labels: np.ndarray
+    error: str | None = None
 
 
 @dataclass
@@ -108,8 +122,50 @@ def _as_numeric(value: Any, what: str) -> np.ndarray:
     return arr
 
 
-def _convert_records(partition: int, records: Iterable[Any], float_dtype: np.dtype
+def _stacked(arrays: list[np.ndarray], float_dtype: np.dtype, join: Any) -> np.ndarray:
+    out = join(arrays)
+    if out.dtype.kind in "fb":
+        return out.astype(float_dtype, copy=False)
+    return out.astype(np.int64, copy=False)
+
+
+def _convert_blocks(partition: int, first: ArrayBlock, records: Iterator[Any],
+                    float_dtype: np.dtype) -> tuple[list[np.ndarray], np.ndarray]:
+    blocks = [first]
+    for n, block in enumerate(records, start=1):
+        if not isinstance(block, ArrayBlock):
+            raise TypeError(f"record {n} of partition {partition} is a {type(block).__name__} "
+                            "among ArrayBlocks")
+        blocks.append(block)
+    for block in blocks:
+        if block.error:
+            raise ValueError(block.error)
+    blocks = [b for b in blocks if len(b.labels)]
+    if not blocks:
+        return [], np.zeros(0, dtype=np.int64)
+    shapes = [tuple(f.shape[1:]) for f in blocks[0].features]
+    for n, block in enumerate(blocks):
+        got = [tuple(f.shape[1:]) for f in block.features]
+        if got != shapes:
+            raise ValueError(f"block {n} of partition {partition} has feature shape(s) {got} but "
+                             f"the first block has {shapes}")
+        if len({len(block.labels), *(len(f) for f in block.features)}) != 1:
+            raise ValueError(f"block {n} of partition {partition} has features and labels of "
+                             "different lengths")
+    feats = [_stacked([b.features[k] for b in blocks], float_dtype, np.concatenate)
+             for k in range(len(shapes))]
+    return feats, _stacked([b.labels for b in blocks], float_dtype, np.concatenate)
+
+
+def _convert_records(partition: int, records: Iterator[Any], float_dtype: np.dtype
                      ) -> tuple[list[np.ndarray], np.ndarray]:
+    records = iter(records)
+    first_record = next(records, None)
+    if first_record is None:
+        return [], np.zeros(0, dtype=np.int64)
+    if isinstance(first_record, ArrayBlock):
+        return _convert_blocks(partition, first_record, records, float_dtype)
+    records = itertools.chain([first_record], records)
     feats: list[list[np.ndarray]] | None = None
     labels: list[np.ndarray] = []
     first_shapes: list[tuple[int, ...]] = []
@@ -146,14 +202,8 @@ def _convert_records(partition: int, records: Iterable[Any], float_dtype: np.dty
         labels.append(label)
     if feats is None:
         return [], np.zeros(0, dtype=np.int64)
-
-    def stacked(arrays: list[np.ndarray]) -> np.ndarray:
-        out = np.stack(arrays)
-        if out.dtype.kind in "fb":
-            return out.astype(float_dtype, copy=False)
-        return out.astype(np.int64, copy=False)
-
-    return [stacked(f) for f in feats], stacked(labels)
+    return ([_stacked(f, float_dtype, np.stack) for f in feats],
+            _stacked(labels, float_dtype, np.stack))
 
 
 def _save_arrays(target: str, features: list[np.ndarray], labels: np.ndarray) -> None:
@@ -185,7 +235,7 @@ def _remember(run_key: str, partition: int, shard: Shard) -> None:
         _CACHE.popitem(last=False)
 
 
-def build_shard(run_key: str, partition: int, records: Iterator[Any],
+def build_shard(run_key: str, partition: int, records: Iterable[Any],
                 float_dtype: str) -> ShardSummary:
     """Convert one partition into arrays, store them on this executor, and summarise them.
 
@@ -193,6 +243,7 @@ def build_shard(run_key: str, partition: int, records: Iterator[Any],
     can raise one clear error before training starts.
     """
     summary = ShardSummary(partition=partition)
+    records = iter(records)
     try:
         feats, labels = _convert_records(partition, records, np.dtype(float_dtype))
     except (TypeError, ValueError) as exc:

@@ -1,0 +1,51 @@
+"""Whole files read and written through Spark's Hadoop FileSystem (any URI Spark supports).
+
+Example::
+
+    write_bytes(sc, "hdfs:///models/m1/weights.pt", data)
+    data = read_bytes(sc, "hdfs:///models/m1/weights.pt")
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["hadoop_path", "write_bytes", "read_bytes", "java_error_line"]
+
+
+def hadoop_path(sc: Any, path: str, child: str | None = None) -> tuple[Any, Any]:
+    """(FileSystem, Path) for ``path`` (joined with ``child``), without .crc side files."""
+    jvm = sc._jvm
+    hpath = jvm.org.apache.hadoop.fs.Path(path)
+    if child is not None:
+        hpath = jvm.org.apache.hadoop.fs.Path(hpath, child)
+    fs = hpath.getFileSystem(sc._jsc.hadoopConfiguration())
+    fs.setWriteChecksum(False)
+    return fs, hpath
+
+
+def write_bytes(sc: Any, path: str, data: bytes, child: str | None = None) -> None:
+    fs, hpath = hadoop_path(sc, path, child)
+    out = fs.create(hpath, True)
+    try:
+        out.write(bytearray(data))
+    finally:
+        out.close()
+
+
+def read_bytes(sc: Any, path: str, child: str | None = None) -> bytes:
+    fs, hpath = hadoop_path(sc, path, child)
+    stream = fs.open(hpath)
+    try:
+        return bytes(sc._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+    finally:
+        stream.close()
+
+
+def java_error_line(exc: BaseException) -> str:
+    """The informative line of a Py4J error (the Java exception), or the first line."""
+    text = str(exc)
+    for line in text.splitlines():
+        if "Exception:" in line:
+            return line.strip()
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__

@@ -1,0 +1,99 @@
+"""``transform``: model outputs for a DataFrame through an Arrow iterator UDF.
+
+The UDF's closure carries the pickled model once; each Python worker unpickles it once
+(module-level cache in this importable module) and runs it on batches of ``inferenceBatchSize``
+rows cut from Spark's Arrow batches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from .dataframe_arrays import FeatureSource, arrow_features
+
+__all__ = ["predict_column"]
+
+_MODELS: "OrderedDict[str, torch.nn.Module]" = OrderedDict()
+_MAX_MODELS = 4
+
+
+def _cached_model(key: str, payload: bytes) -> torch.nn.Module:
+    model = _MODELS.get(key)
+    if model is None:
+        import pickle
+
+        model = pickle.loads(payload)
+        model.eval()
+        _MODELS[key] = model
+        while len(_MODELS) > _MAX_MODELS:
+            _MODELS.popitem(last=False)
+    return model
+
+
+def _outputs(model: torch.nn.Module, x: np.ndarray, batch_size: int) -> np.ndarray:
+    from .replica import set_task_threads
+
+    set_task_threads()
+    chunks = []
+    with torch.no_grad():
+        for lo in range(0, len(x), batch_size):
+            out = model(torch.from_numpy(np.array(x[lo:lo + batch_size])))
+            chunks.append(out.double().reshape(out.shape[0], -1).numpy())
+    return np.concatenate(chunks) if chunks else np.zeros((0, 0))
+
+
+def _list_array(m: np.ndarray) -> pa.Array:
+    offsets = np.arange(0, m.size + 1, max(m.shape[1], 1) if m.ndim == 2 else 1, dtype=np.int32)
+    if m.ndim == 2 and m.shape[1] == 0:
+        offsets = np.zeros(len(m) + 1, dtype=np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(m.reshape(-1)))
+
+
+def predict_column(model: torch.nn.Module, source: FeatureSource, feature_shape: Sequence[int],
+                   preprocess: Callable[[np.ndarray], np.ndarray] | None, batch_size: int,
+                   classifier: bool, single_output: bool) -> Any:
+    """An Arrow UDF mapping the feature column to the model's outputs.
+
+    Classifier: ``struct<raw: array<double>, probability: array<double>, prediction: double>``.
+    Otherwise: ``double`` when the model has one output per row, else ``array<double>``.
+    """
+    from pyspark import cloudpickle
+    from pyspark.sql.functions import arrow_udf
+
+    payload = cloudpickle.dumps(model)
+    key = hashlib.sha1(payload).hexdigest()
+    shape = list(feature_shape)
+    if classifier:
+        return_type = "struct<raw: array<double>, probability: array<double>, prediction: double>"
+    else:
+        return_type = "double" if single_output else "array<double>"
+
+    def predict(batches: Iterator[pa.Array]) -> Iterator[pa.Array]:
+        net = _cached_model(key, payload)
+        for column in batches:
+            out = _outputs(net, arrow_features(column, source, shape, preprocess), batch_size)
+            if classifier:
+                if out.shape[1] == 1:  # one logit: binary classification
+                    p1 = 1.0 / (1.0 + np.exp(-out[:, 0]))
+                    prob = np.stack([1 - p1, p1], axis=1)
+                    raw = np.stack([-out[:, 0], out[:, 0]], axis=1)
+                else:
+                    raw = out
+                    shifted = np.exp(out - out.max(axis=1, keepdims=True))
+                    prob = shifted / shifted.sum(axis=1, keepdims=True)
+                yield pa.StructArray.from_arrays(
+                    [_list_array(raw), _list_array(prob),
+                     pa.array(prob.argmax(axis=1).astype(np.float64))],
+                    names=["raw", "probability", "prediction"])
+            elif single_output:
+                yield pa.array(out[:, 0])
+            else:
+                yield _list_array(out)
+
+    return arrow_udf(predict, return_type)

@@ -1,0 +1,114 @@
+"""Saving and loading the DataFrame stages (MLWritable / MLReadable), Pipelines included.
+
+An estimator saves its Params as Spark's JSON metadata plus ``objects.pkl`` (the model or
+factory, criterion, preprocessing function and optimizer factory, cloudpickled). A fitted model
+saves its Params, ``weights.pt`` (a plain ``torch.save`` of the state_dict, loadable without
+Spark: ``torch.load(path + "/weights.pt", weights_only=True)``), ``module.pkl`` (the
+architecture) and its per-epoch summary. Loading checks that the saved class is the one asked for.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any
+
+import torch
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
+
+from .errors import InvalidArgumentError
+from .hadoop_files import read_bytes, write_bytes
+
+__all__ = ["NNStageWriter", "NNStageReader", "NNModelWriter", "NNModelReader"]
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__name__}"
+
+
+def _load_metadata(path: str, sc: Any, cls: type) -> dict[str, Any]:
+    metadata = DefaultParamsReader.loadMetadata(path, sc)
+    if metadata["class"] != _qualname(cls):
+        raise InvalidArgumentError(f"{path} holds a {metadata['class']}, not a "
+                                   f"{_qualname(cls)}; load it with that class.")
+    return metadata
+
+
+class NNStageWriter(MLWriter):
+    """Writes an unfitted estimator."""
+
+    def __init__(self, instance: Any) -> None:
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path: str) -> None:
+        from pyspark import cloudpickle
+
+        DefaultParamsWriter.saveMetadata(self.instance, path, self.sc)
+        objects = {"model": self.instance.model_spec, "criterion": self.instance.criterion,
+                   "preprocess": self.instance.preprocess,
+                   "optimizer_factory": self.instance.optimizer_factory}
+        write_bytes(self.sc, path, cloudpickle.dumps(objects), "objects.pkl")
+
+
+class NNStageReader(MLReader):
+    """Reads an estimator written by :class:`NNStageWriter`."""
+
+    def __init__(self, cls: type) -> None:
+        super().__init__()
+        self.cls = cls
+
+    def load(self, path: str) -> Any:
+        metadata = _load_metadata(path, self.sc, self.cls)
+        instance = self.cls()
+        DefaultParamsReader.getAndSetParams(instance, metadata)
+        instance._resetUid(metadata["uid"])
+        objects = pickle.loads(read_bytes(self.sc, path, "objects.pkl"))
+        instance._set_objects(objects["model"], objects["criterion"], objects["preprocess"],
+                              objects["optimizer_factory"])
+        return instance
+
+
+class NNModelWriter(MLWriter):
+    """Writes a fitted model: metadata, weights.pt, module.pkl."""
+
+    def __init__(self, instance: Any) -> None:
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path: str) -> None:
+        from pyspark import cloudpickle
+
+        frame = self.instance.summary_frame
+        extra = {"output_size": int(getattr(self.instance, "output_size", 0) or 0),
+                 "summary": frame.to_dict(orient="records") if frame is not None else []}
+        DefaultParamsWriter.saveMetadata(self.instance, path, self.sc, extraMetadata=extra)
+        buf = io.BytesIO()
+        torch.save(self.instance.module.state_dict(), buf)
+        write_bytes(self.sc, path, buf.getvalue(), "weights.pt")
+        write_bytes(self.sc, path, cloudpickle.dumps({"module": self.instance.module,
+                                                      "preprocess": self.instance.preprocess}),
+                    "module.pkl")
+
+
+class NNModelReader(MLReader):
+    """Reads a model written by :class:`NNModelWriter`."""
+
+    def __init__(self, cls: type) -> None:
+        super().__init__()
+        self.cls = cls
+
+    def load(self, path: str) -> Any:
+        import pandas as pd
+
+        metadata = _load_metadata(path, self.sc, self.cls)
+        objects = pickle.loads(read_bytes(self.sc, path, "module.pkl"))
+        module = objects["module"]
+        state = torch.load(io.BytesIO(read_bytes(self.sc, path, "weights.pt")), weights_only=True)
+        module.load_state_dict(state)
+        instance = self.cls(module, objects["preprocess"])
+        DefaultParamsReader.getAndSetParams(instance, metadata)
+        instance._resetUid(metadata["uid"])
+        instance.output_size = metadata.get("output_size", 0)
+        instance.summary_frame = pd.DataFrame(metadata.get("summary", []))
+        return instance
