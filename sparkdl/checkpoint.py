@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from .errors import CheckpointError
+from .hadoop_files import java_error_line
 
 __all__ = ["CheckpointStore", "FORMAT_VERSION"]
 
@@ -51,7 +52,7 @@ class CheckpointStore:
             self._fs.setWriteChecksum(False)  # no .crc side files on the local file system
         except Exception as exc:
             raise CheckpointError(f"The checkpoint path {path!r} cannot be used: "
-                                  f"{_java_message(exc)}") from exc
+                                  f"{java_error_line(exc)}") from exc
 
     def _child(self, name: str) -> Any:
         return self._jvm.org.apache.hadoop.fs.Path(self._dir, name)
@@ -67,7 +68,7 @@ class CheckpointStore:
             self._fs.delete(probe, False)
         except Exception as exc:
             raise CheckpointError(f"The checkpoint directory {self.path!r} is not writable: "
-                                  f"{_java_message(exc)}") from exc
+                                  f"{java_error_line(exc)}") from exc
 
     def iterations(self) -> list[int]:
         """Iterations of the complete checkpoints in the directory, ascending."""
@@ -77,7 +78,7 @@ class CheckpointStore:
             statuses = self._fs.listStatus(self._dir)
         except Exception as exc:
             raise CheckpointError(f"The checkpoint directory {self.path!r} cannot be listed: "
-                                  f"{_java_message(exc)}") from exc
+                                  f"{java_error_line(exc)}") from exc
         found = []
         for status in statuses:
             m = _NAME.match(status.getPath().getName())
@@ -105,7 +106,7 @@ class CheckpointStore:
                 raise OSError(f"rename to {final.toString()} failed")
         except Exception as exc:
             raise CheckpointError(f"Writing checkpoint {self.file_name(iteration)} failed: "
-                                  f"{_java_message(exc)}") from exc
+                                  f"{java_error_line(exc)}") from exc
         for old in self.iterations()[:-keep_last]:
             self._fs.delete(self._child(f"checkpoint-{old:010d}.pt"), False)
         return self.file_name(iteration)
@@ -120,7 +121,7 @@ class CheckpointStore:
             finally:
                 stream.close()
         except Exception as exc:
-            raise CheckpointError(f"Reading checkpoint {name} failed: {_java_message(exc)}"
+            raise CheckpointError(f"Reading checkpoint {name} failed: {java_error_line(exc)}"
                                   ) from exc
         try:
             state = torch.load(io.BytesIO(data), weights_only=True)
@@ -133,10 +134,3 @@ class CheckpointStore:
                                   f"format {FORMAT_VERSION}.")
         return state
 
-
-def _java_message(exc: Exception) -> str:
-    text = str(exc)
-    for line in text.splitlines():
-        if "Exception:" in line:
-            return line.strip()
-    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__

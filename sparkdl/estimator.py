@@ -73,12 +73,17 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
 
     _classifier = False
 
-    def __init__(self) -> None:
+    @keyword_only
+    def __init__(self, *, model: ModelSpec | None = None, criterion: Any = None,
+                 preprocess: Any = None, optimizerFactory: Any = None, **params: Any) -> None:
         super().__init__()
-        self.model_spec: ModelSpec | None = None
-        self.criterion: Any = None
-        self.preprocess: Callable[[np.ndarray], np.ndarray] | None = None
-        self.optimizer_factory: Callable[[Any], torch.optim.Optimizer] | None = None
+        self._set_objects(model, criterion, preprocess, optimizerFactory)
+        unknown = sorted(set(params) - {p.name for p in self.params})
+        if unknown:
+            raise InvalidArgumentError(
+                f"{type(self).__name__} has no Param {unknown[0]!r}; its Params are "
+                f"{sorted(p.name for p in self.params)}.")
+        self._set(**params)
 
     def _set_objects(self, model: ModelSpec | None, criterion: Any, preprocess: Any,
                      optimizer_factory: Any) -> None:
@@ -94,10 +99,6 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
                                            f"Got {type(value).__name__} instead.")
         self.model_spec, self.criterion = model, criterion
         self.preprocess, self.optimizer_factory = preprocess, optimizer_factory
-
-    def copy(self, extra: dict | None = None) -> Any:
-        that = super().copy(extra)  # shallow: the model spec is shared, never mutated
-        return that
 
     def _fresh_model(self) -> nn.Module:
         spec = self.model_spec
@@ -287,13 +288,6 @@ class NNEstimator(_NNEstimatorBase, NNParams):
         predictions = est.fit(df).transform(df)   # + "prediction" (double)
     """
 
-    @keyword_only
-    def __init__(self, *, model: ModelSpec | None = None, criterion: Any = None,
-                 preprocess: Any = None, optimizerFactory: Any = None, **params: Any) -> None:
-        super().__init__()
-        self._set_objects(model, criterion, preprocess, optimizerFactory)
-        self._set(**params)
-
 
 class NNModel(_NNModelBase, NNParams):
     """A fitted :class:`NNEstimator`: writes ``predictionCol`` (double for one output per row,
@@ -321,13 +315,6 @@ class NNClassifier(_NNEstimatorBase, NNClassifierParams):
     """
 
     _classifier = True
-
-    @keyword_only
-    def __init__(self, *, model: ModelSpec | None = None, criterion: Any = None,
-                 preprocess: Any = None, optimizerFactory: Any = None, **params: Any) -> None:
-        super().__init__()
-        self._set_objects(model, criterion, preprocess, optimizerFactory)
-        self._set(**params)
 
 
 class NNClassifierModel(_NNModelBase, NNClassifierParams):
