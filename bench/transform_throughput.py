@@ -42,7 +42,7 @@ def main() -> None:
     df = spark.createDataFrame([(row.tolist(), int(lab)) for row, lab in zip(x[:4096], y[:4096])],
                                ["features", "label"])
     big = spark.range(args.rows, numPartitions=2).selectExpr(
-        "transform(sequence(1, 784), i -> cast(rand(id * 784 + i) as float)) as features")
+        "transform(sequence(1, 784), i -> cast(sin(id * 784 + i) as float)) as features")
     big = big.cache()
     big.count()
     clf = NNClassifier(model=lambda: torch.nn.Sequential(torch.nn.Linear(784, 256),
