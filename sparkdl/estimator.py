@@ -29,7 +29,7 @@ from pyspark.sql import DataFrame
 from torch import nn
 
 from .dataframe_arrays import feature_expression, feature_source, to_blocks
-from .errors import InvalidArgumentError, TrainingDataError
+from .errors import InvalidArgumentError, ModelCriterionMismatchError, TrainingDataError
 from .inference import predict_column
 from .metrics import Loss, Top1Accuracy
 from .ml_params import NNClassifierParams, NNParams, validate_params
@@ -152,9 +152,9 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
                                             self.preprocess, workers), EveryEpoch(), metrics)
         try:
             trained = engine.optimize()
-        except TrainingDataError as exc:
-            raise TrainingDataError(f"{exc} (features: column '{source.name}', labels: column "
-                                    f"'{label_col}')") from exc
+        except (TrainingDataError, ModelCriterionMismatchError) as exc:
+            raise type(exc)(f"{exc} (features: column '{source.name}', labels: column "
+                            f"'{label_col}')") from exc
         fitted = self._model_class()(trained, self.preprocess)
         fitted.output_size = _output_size(trained, engine)
         fitted._resetUid(self.uid)
@@ -217,10 +217,17 @@ class _NNModelBase(Model, MLWritable, MLReadable):
         return self.summary_frame
 
     def plot_summary(self, ax: Any = None) -> Any:
-        """Plot the per-epoch curves with matplotlib (must be installed); returns the axes."""
+        """Plot the per-epoch curves with matplotlib (``pip install sparkdl[plot]``); returns
+        the axes.
+
+        Example: ``model.plot_summary().figure.savefig("curves.png")``.
+        """
         if self.summary_frame is None or self.summary_frame.empty:
             raise InvalidArgumentError("This model has no training summary to plot.")
-        import matplotlib.pyplot as plt
+        try:
+            import matplotlib.pyplot as plt
+        except ImportError as exc:
+            raise ImportError("plot_summary needs matplotlib: pip install matplotlib") from exc
 
         ax = ax or plt.figure().gca()
         self.summary_frame.set_index("epoch").plot(ax=ax, marker="o")

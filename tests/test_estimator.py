@@ -45,6 +45,9 @@ def test_classifier_outputs_work_with_spark_evaluators(spark):
     assert list(model.summary.columns) == ["epoch", "train_loss", "validation_Loss",
                                            "validation_Top1Accuracy"]
     assert len(model.summary) == 3
+    ax = model.plot_summary()
+    assert len(ax.get_lines()) == 3
+    assert [list(line.get_xdata()) for line in ax.get_lines()][0] == [1, 2, 3]
 
 
 def test_output_column_set_to_empty_is_skipped(spark):
@@ -150,7 +153,8 @@ def test_nan_features_name_the_column(spark):
 def test_feature_size_that_does_not_fit_the_model(spark):
     df = vector_df(spark, 40)
     with pytest.raises(ModelCriterionMismatchError, match=r"cannot run on the training features"
-                                                          r".*\(4, 4\)"):
+                                                          r".*\(4, 4\).*features: column "
+                                                          r"'features'"):
         classifier(model=lambda: mlp(7, 3), maxEpoch=1).fit(df)
 
 

@@ -115,3 +115,13 @@ def test_unknown_keyword_is_rejected(name):
     with pytest.raises(InvalidArgumentError, match=rf"{name} has no Param 'batch_size'; its "
                                                    r"Params are \["):
         cls(batch_size=3)
+
+
+@pytest.mark.parametrize("name", list(ESTIMATORS))
+def test_model_params_are_validated_at_transform(fitted, name):
+    model = fitted[name][1]
+    bad = model.copy({model.getParam("inferenceBatchSize"): 0})
+    model_name = type(model).__name__
+    with pytest.raises(InvalidArgumentError, match=rf"The 'inferenceBatchSize' Param of "
+                                                   rf"{model_name} must be a positive int"):
+        bad.transform(fitted["df"])
