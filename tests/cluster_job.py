@@ -72,6 +72,13 @@ def main() -> None:
     sc.setLogLevel("ERROR")
     criterion = FaultInjectingLoss(args.fault, args.marker) if args.fault else None
     trained, opt = train(sc, args.iterations, criterion, args.checkpoint)
+    if args.secure:  # inference too: an Arrow UDF over a DataFrame on the secured cluster
+        from sparkdl import NNClassifierModel
+
+        x, _ = classification_data(50, seed=9)
+        df = spark.createDataFrame([(row.tolist(),) for row in x], ["features"])
+        rows = NNClassifierModel(trained).transform(df).filter("prediction >= 0").count()
+        print(f"inference_rows={rows}")
     executors = sc._jsc.sc().getExecutorMemoryStatus().size() - 1
     torch.save(trained.state_dict(), args.out)
     print(f"executors={executors}")

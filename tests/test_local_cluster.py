@@ -56,13 +56,14 @@ def test_task_failure_on_local_with_retries(clean_run, tmp_path):
 
 
 @pytest.mark.cluster
-def test_task_failure_on_a_secured_local_cluster(clean_run, tmp_path):
+def test_task_failure_and_inference_on_a_secured_local_cluster(clean_run, tmp_path):
     marker = tmp_path / "fault-marker"
     model, proc = run_job(tmp_path, LOCAL_CLUSTER, "--secure", "--fault", "task",
                           "--marker", str(marker))
     assert marker.exists(), "the fault was never injected"
     assert "were retried by Spark" in proc.stderr
     assert "executors=2" in proc.stdout
+    assert "inference_rows=50" in proc.stdout
     assert bitwise_equal(model, clean_run)
 
 
