@@ -1,11 +1,13 @@
-"""LeNet-5 on Fashion-MNIST with sparkdl's engine (RDD API, no DataFrames).
+"""LeNet-5 on Fashion-MNIST with sparkdl's engine (RDD API, no DataFrames, Adam), with validation
+and (optionally) checkpoints.
 
     spark-submit --master local[2] examples/lenet_fashion_mnist_engine.py --epochs 2
     python examples/lenet_fashion_mnist_engine.py            # embedded local[*] master
 
 Reads the IDX files from --data-dir (Debian: apt-get install dataset-fashion-mnist), trains with
-synchronous data-parallel SGD over an RDD, validates on the test set after every epoch, and ends
-with the test accuracy.
+synchronous data-parallel SGD over an RDD, validates on the test set after every epoch, writes a
+checkpoint every epoch with --checkpoint-dir (a rerun resumes from it), and ends with the test
+accuracy.
 """
 
 from __future__ import annotations
@@ -38,10 +40,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Spark master when not set by spark-submit")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=256, help="global mini-batch size")
-    p.add_argument("--learning-rate", type=float, default=0.05)
+    p.add_argument("--learning-rate", type=float, default=0.002)
     p.add_argument("--partitions", type=int, default=0, help="0: Spark's default parallelism")
     p.add_argument("--train-samples", type=int, default=0, help="0: all 60,000")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-dir", default="",
+                   help="write a checkpoint every epoch here (any Hadoop URI) and resume from it")
     p.add_argument("--min-accuracy", type=float, default=0.0,
                    help="exit with status 1 if the final test accuracy is lower")
     return p.parse_args(argv)
@@ -79,11 +83,13 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(args.seed)
     net = lenet5()
-    optimizer = torch.optim.SGD(net.parameters(), lr=args.learning_rate, momentum=0.9)
+    optimizer = torch.optim.Adam(net.parameters(), lr=args.learning_rate)
     opt = DistriOptimizer(net, train_rdd, nn.CrossEntropyLoss(), optimizer,
                           batch_size=args.batch_size, end_trigger=MaxEpoch(args.epochs),
                           seed=args.seed)
     opt.set_validation(test_rdd, EveryEpoch(), [Top1Accuracy(), Loss()])
+    if args.checkpoint_dir:
+        opt.set_checkpoint(args.checkpoint_dir, EveryEpoch(), keep_last=2)
     start = time.time()
     opt.optimize()
     accuracy = opt.summary.validations[-1].metrics["Top1Accuracy"]

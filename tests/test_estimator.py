@@ -237,3 +237,19 @@ def test_spark_connect_is_refused_with_a_clear_error(spark, monkeypatch):
     monkeypatch.setattr(pyspark.sql.utils, "is_remote", lambda: True)
     with pytest.raises(InvalidArgumentError, match=r"Spark Connect sessions are not supported"):
         classifier(maxEpoch=1).fit(vector_df(spark, 20))
+
+
+def test_module_is_copied_never_mutated_and_optimizer_factory_is_used(spark):
+    torch.manual_seed(0)
+    net = mlp4()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    used = []
+
+    def factory(params):
+        used.append(True)
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+    model = classifier(model=net, optimizerFactory=factory, maxEpoch=2).fit(vector_df(spark, 80))
+    assert used == [True]
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+    assert not all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -1,0 +1,43 @@
+"""The examples run as users run them: ``spark-submit --master local[2] examples/NAME.py``."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FASHION = "/usr/share/datasets/fashion-mnist"
+
+
+def spark_submit(script, *args, timeout=900):
+    submit = shutil.which("spark-submit", path=os.path.dirname(sys.executable)) or "spark-submit"
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               SPARK_LOCAL_IP="127.0.0.1")
+    return subprocess.run([submit, "--master", "local[2]",
+                           "--conf", "spark.ui.enabled=false",
+                           os.path.join(ROOT, "examples", script), *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.mark.parametrize("script", ["lenet_fashion_mnist_engine.py", "adult_census_pipeline.py"])
+def test_examples_have_help(script):
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script), "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "usage:" in proc.stdout
+
+
+@pytest.mark.skipif(not os.path.isdir(FASHION), reason="apt-get install dataset-fashion-mnist")
+def test_engine_example_under_spark_submit_with_checkpoints(tmp_path):
+    args = ["--train-samples", "6000", "--epochs", "2", "--checkpoint-dir", str(tmp_path / "ck")]
+    proc = spark_submit("lenet_fashion_mnist_engine.py", *args, "--min-accuracy", "0.6")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    accuracy = float(re.search(r"test accuracy: ([0-9.]+)", proc.stdout).group(1))
+    assert accuracy >= 0.6
+    assert "validation after iteration" in proc.stderr
+    assert sorted(os.listdir(tmp_path / "ck")) == ["checkpoint-0000000024.pt",
+                                                  "checkpoint-0000000048.pt"]
