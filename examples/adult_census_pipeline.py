@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-accuracy", type=float, default=0.0,
                    help="exit with status 1 if the test accuracy is lower")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        force=True)
     log = logging.getLogger("adult")
 
     import torch
