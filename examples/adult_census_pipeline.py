@@ -38,11 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark import SparkConf
     from pyspark.ml import Pipeline
     from pyspark.ml.evaluation import MulticlassClassificationEvaluator
-    from pyspark.ml.feature import OneHotEncoder, StandardScaler, StringIndexer, VectorAssembler
     from pyspark.sql import SparkSession
 
     from sparkdl import NNClassifier
-    from sparkdl.datasets import ADULT_CATEGORICAL, ADULT_NUMERIC, adult_paths, read_adult
+    from sparkdl.datasets import adult_feature_stages, adult_paths, read_adult
 
     try:
         train_path, test_path = ((os.path.join(args.data_dir, "adult.data"),
@@ -59,14 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     spark.sparkContext.setLogLevel("WARN")
     train, test = read_adult(spark, train_path), read_adult(spark, test_path)
 
-    prepare = [StringIndexer(inputCol=c, outputCol=c + "_idx", handleInvalid="keep")
-               for c in ADULT_CATEGORICAL]
-    prepare += [OneHotEncoder(inputCols=[c + "_idx" for c in ADULT_CATEGORICAL],
-                              outputCols=[c + "_vec" for c in ADULT_CATEGORICAL],
-                              handleInvalid="keep"),
-                VectorAssembler(inputCols=[c + "_vec" for c in ADULT_CATEGORICAL] + ADULT_NUMERIC,
-                                outputCol="raw"),
-                StandardScaler(inputCol="raw", outputCol="features")]
+    prepare = adult_feature_stages("features")
     width = Pipeline(stages=prepare).fit(train).transform(train).first()["features"].size
     log.info("%d training rows, %d test rows, %d features", train.count(), test.count(), width)
 

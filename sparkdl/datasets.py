@@ -95,3 +95,20 @@ def read_adult(spark: "object", path: str) -> "object":
           .toDF(*ADULT_COLUMNS).dropna(subset=["income"]))
     return df.withColumn("label", F.when(F.col("income").startswith(">50K"), 1.0).otherwise(0.0)) \
              .drop("income")
+
+
+def adult_feature_stages(output_col: str = "features") -> list:
+    """Spark ML stages that turn :func:`read_adult`'s columns into one scaled Vector column:
+    StringIndexer and OneHotEncoder for the categorical columns, VectorAssembler with the numeric
+    ones, StandardScaler."""
+    from pyspark.ml.feature import OneHotEncoder, StandardScaler, StringIndexer, VectorAssembler
+
+    stages: list = [StringIndexer(inputCol=c, outputCol=c + "_idx", handleInvalid="keep")
+                    for c in ADULT_CATEGORICAL]
+    stages += [OneHotEncoder(inputCols=[c + "_idx" for c in ADULT_CATEGORICAL],
+                             outputCols=[c + "_vec" for c in ADULT_CATEGORICAL],
+                             handleInvalid="keep"),
+               VectorAssembler(inputCols=[c + "_vec" for c in ADULT_CATEGORICAL] + ADULT_NUMERIC,
+                               outputCol="assembled"),
+               StandardScaler(inputCol="assembled", outputCol=output_col)]
+    return stages

@@ -42,7 +42,7 @@ from .allreduce import AllReduceResult, DriverAllReduce, ShuffleAllReduce
 from .batching import BatchPlan
 from .cached_data import CachedData, clean_workers, lost_data_reason
 from .checkpoint import FORMAT_VERSION, CheckpointStore
-from .errors import CheckpointError, InvalidArgumentError, NonFiniteError, SparkdlError
+from .errors import CheckpointError, NonFiniteError, SparkdlError
 from .flat_params import ParamLayout
 from .input_checks import (argument_error, check_criterion, check_optimizer, check_positive_int,
                            check_rdd, check_type, dry_run, summarize)

@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from models import SmallNet, bitwise_equal, classification_data, make_rdd
+from models import SmallNet, classification_data, make_rdd
 from sparkdl import CheckpointError, DistriOptimizer, InvalidArgumentError, Top1Accuracy
 from sparkdl.triggers import EveryEpoch, MaxEpoch, MaxIteration, SeveralIteration
 

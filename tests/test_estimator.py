@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
 import torch
 from pyspark.ml import Pipeline, PipelineModel
 from pyspark.ml.evaluation import MulticlassClassificationEvaluator
-from pyspark.ml.feature import (OneHotEncoder, StandardScaler, StringIndexer, VectorAssembler)
+from pyspark.ml.feature import StandardScaler
 from pyspark.sql import functions as F
 
 from df_helpers import blobs, image_folder, mlp, mlp4, vector_df
@@ -210,18 +209,11 @@ def test_cross_validator_picks_a_model_and_saves(spark, tmp_path):
 
 
 def test_adult_census_pipeline_reaches_0_84(spark):
-    from sparkdl.datasets import ADULT_CATEGORICAL, ADULT_NUMERIC, adult_paths, read_adult
+    from sparkdl.datasets import adult_feature_stages, adult_paths, read_adult
 
     train_path, test_path = adult_paths()
     train, test = read_adult(spark, train_path), read_adult(spark, test_path)
-    stages = [StringIndexer(inputCol=c, outputCol=c + "_idx", handleInvalid="keep")
-              for c in ADULT_CATEGORICAL]
-    stages += [OneHotEncoder(inputCols=[c + "_idx" for c in ADULT_CATEGORICAL],
-                             outputCols=[c + "_vec" for c in ADULT_CATEGORICAL],
-                             handleInvalid="keep"),
-               VectorAssembler(inputCols=[c + "_vec" for c in ADULT_CATEGORICAL] + ADULT_NUMERIC,
-                               outputCol="raw"),
-               StandardScaler(inputCol="raw", outputCol="features")]
+    stages = adult_feature_stages("features")
     width = Pipeline(stages=stages).fit(train).transform(train).first()["features"].size
     clf = NNClassifier(model=lambda: torch.nn.Sequential(torch.nn.Linear(width, 64),
                                                          torch.nn.ReLU(), torch.nn.Linear(64, 2)),
