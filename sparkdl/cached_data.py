@@ -115,10 +115,8 @@ class CachedData:
         """Unpersist the index RDD and delete the shard files this machine can reach."""
         if self.index_rdd is None:
             return
-        sc = self.index_rdd.context
         self.index_rdd.unpersist(blocking=False)
         self.index_rdd = None
-        del sc
         dirs = {s.executor_dir for s in self.summaries if s.executor_dir}
         for d in dirs:  # in local mode the executor's files are on this machine
             shutil.rmtree(os.path.join(d, self.data_key), ignore_errors=True)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from .errors import CheckpointError
-from .hadoop_files import java_error_line
+from .hadoop_files import hadoop_path, java_error_line, read_bytes, write_bytes
 
 __all__ = ["CheckpointStore", "FORMAT_VERSION"]
 
@@ -44,28 +44,23 @@ class CheckpointStore:
 
     def __init__(self, path: str, sc: Any) -> None:
         self.path = path
-        self._jvm = sc._jvm
-        self._conf = sc._jsc.hadoopConfiguration()
+        self._sc = sc
         try:
-            self._dir = self._jvm.org.apache.hadoop.fs.Path(path)
-            self._fs = self._dir.getFileSystem(self._conf)
-            self._fs.setWriteChecksum(False)  # no .crc side files on the local file system
+            self._fs, self._dir = hadoop_path(sc, path)
         except Exception as exc:
             raise CheckpointError(f"The checkpoint path {path!r} cannot be used: "
                                   f"{java_error_line(exc)}") from exc
 
     def _child(self, name: str) -> Any:
-        return self._jvm.org.apache.hadoop.fs.Path(self._dir, name)
+        return self._sc._jvm.org.apache.hadoop.fs.Path(self._dir, name)
 
     def check_writable(self) -> None:
         """Create the directory and write, then delete, a probe file; raise if that fails."""
-        probe = self._child(f".probe-{uuid.uuid4().hex}")
+        probe = f".probe-{uuid.uuid4().hex}"
         try:
             self._fs.mkdirs(self._dir)
-            out = self._fs.create(probe, True)
-            out.write(bytearray(b"sparkdl"))
-            out.close()
-            self._fs.delete(probe, False)
+            write_bytes(self._sc, self.path, b"sparkdl", probe)
+            self._fs.delete(self._child(probe), False)
         except Exception as exc:
             raise CheckpointError(f"The checkpoint directory {self.path!r} is not writable: "
                                   f"{java_error_line(exc)}") from exc
@@ -94,12 +89,11 @@ class CheckpointStore:
         buf = io.BytesIO()
         torch.save(state, buf)
         final = self._child(f"checkpoint-{iteration:010d}.pt")
-        tmp = self._child(f".checkpoint-{iteration:010d}-{uuid.uuid4().hex}.tmp")
+        tmp_name = f".checkpoint-{iteration:010d}-{uuid.uuid4().hex}.tmp"
+        tmp = self._child(tmp_name)
         try:
             self._fs.mkdirs(self._dir)
-            out = self._fs.create(tmp, True)
-            out.write(bytearray(buf.getbuffer()))
-            out.close()
+            write_bytes(self._sc, self.path, buf.getvalue(), tmp_name)
             if self._fs.exists(final):
                 self._fs.delete(final, False)
             if not self._fs.rename(tmp, final):
@@ -115,11 +109,7 @@ class CheckpointStore:
         """Load one checkpoint (``weights_only=True``); raise a clear error if it is unusable."""
         name = self.file_name(iteration)
         try:
-            stream = self._fs.open(self._child(f"checkpoint-{iteration:010d}.pt"))
-            try:
-                data = bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
-            finally:
-                stream.close()
+            data = read_bytes(self._sc, self.path, f"checkpoint-{iteration:010d}.pt")
         except Exception as exc:
             raise CheckpointError(f"Reading checkpoint {name} failed: {java_error_line(exc)}"
                                   ) from exc

@@ -39,7 +39,6 @@ class Replica:
         self.criterion = spec.criterion
         self.reduction = spec.reduction
         self.layout = ParamLayout(self.model)
-        self.loaded_version: int | None = None
 
 
 def get_replica(run_key: str, spec_broadcast: Any) -> Replica:
