@@ -321,13 +321,16 @@ class DistriOptimizer:
                                   f"{diff[0]} where this model has {diff[1]}.")
         return state
 
+    def _run_settings(self, plan: BatchPlan) -> dict[str, Any]:
+        """What a resumed run must share with the checkpointed one to reproduce it bitwise."""
+        return {"seed": self.seed, "batch_size": self.batch_size, "shuffle": self.shuffle,
+                "partition_sizes": [int(n) for n in plan.partition_sizes]}
+
     def _restore(self, state: dict[str, Any], plan: BatchPlan,
                  store: CheckpointStore | None) -> None:
         assert store is not None
         name = store.file_name(int(state["iteration"]))
-        ours = {"seed": self.seed, "batch_size": self.batch_size, "shuffle": self.shuffle,
-                "partition_sizes": [int(n) for n in plan.partition_sizes]}
-        for key, value in ours.items():
+        for key, value in self._run_settings(plan).items():
             if state["run"].get(key) != value:
                 raise CheckpointError(
                     f"The checkpoint {name} was written by a run with {key}="
@@ -357,8 +360,7 @@ class DistriOptimizer:
                                 if self.lr_scheduler is not None else None),
             "iteration": self.iteration,
             "epoch": self.iteration // plan.iterations_per_epoch,
-            "run": {"seed": self.seed, "batch_size": self.batch_size, "shuffle": self.shuffle,
-                    "partition_sizes": [int(n) for n in plan.partition_sizes]},
+            "run": self._run_settings(plan),
             "torch_rng_state": torch.get_rng_state(),
             "summary": {"iterations": [asdict(r) for r in self.summary.iterations],
                         "validations": [asdict(v) for v in self.summary.validations]},
