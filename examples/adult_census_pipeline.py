@@ -35,11 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("adult")
 
     import torch
-    from pyspark import SparkConf
     from pyspark.ml import Pipeline
     from pyspark.ml.evaluation import MulticlassClassificationEvaluator
-    from pyspark.sql import SparkSession
 
+    from sparkdl.spark_settings import spark_session
     from sparkdl import NNClassifier
     from sparkdl.datasets import adult_feature_stages, adult_paths, read_adult
 
@@ -50,11 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         log.error("%s", exc)
         return 2
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName("sparkdl Adult census pipeline")
-    if not SparkConf().contains("spark.master"):
-        builder = builder.master(args.master)
-    spark = builder.config("spark.python.unix.domain.socket.enabled", "true").getOrCreate()
+    spark = spark_session("sparkdl Adult census pipeline", args.master)
     spark.sparkContext.setLogLevel("WARN")
     train, test = read_adult(spark, train_path), read_adult(spark, test_path)
 

@@ -14,20 +14,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import time
 
 import torch
 from torch import nn
-
-
-def lenet5() -> nn.Module:
-    """LeNet-5: conv 6@5x5, maxpool 2, conv 16@5x5, maxpool 2, fc 120, fc 84, fc 10."""
-    return nn.Sequential(
-        nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-        nn.Linear(16 * 5 * 5, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, 10))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,6 +37,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-dir", default="",
                    help="write a checkpoint every epoch here (any Hadoop URI) and resume from it")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (it is drawn only on a terminal anyway)")
     p.add_argument("--min-accuracy", type=float, default=0.0,
                    help="exit with status 1 if the final test accuracy is lower")
     return p.parse_args(argv)
@@ -56,26 +49,22 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         force=True)
     log = logging.getLogger("lenet")
-    from pyspark import SparkConf
-    from pyspark.sql import SparkSession
 
+    from sparkdl.spark_settings import spark_session
     from sparkdl import DistriOptimizer, Loss, Top1Accuracy
     from sparkdl.datasets import load_fashion_mnist
+    from sparkdl.model_zoo import lenet5
     from sparkdl.triggers import EveryEpoch, MaxEpoch
 
     try:
-        train_x, train_y, test_x, test_y = load_fashion_mnist(args.data_dir)
+        train_x, train_y, test_x, test_y = load_fashion_mnist(args.data_dir, standardize=True)
     except FileNotFoundError as exc:
         log.error("%s", exc)
         return 2
     if args.train_samples:
         train_x, train_y = train_x[:args.train_samples], train_y[:args.train_samples]
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName("sparkdl LeNet-5 Fashion-MNIST (engine)")
-    if not SparkConf().contains("spark.master"):
-        builder = builder.master(args.master)
-    spark = builder.config("spark.python.unix.domain.socket.enabled", "true").getOrCreate()
+    spark = spark_session("sparkdl LeNet-5 Fashion-MNIST (engine)", args.master)
     sc = spark.sparkContext
     sc.setLogLevel("WARN")
     partitions = args.partitions or sc.defaultParallelism
@@ -87,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.Adam(net.parameters(), lr=args.learning_rate)
     opt = DistriOptimizer(net, train_rdd, nn.CrossEntropyLoss(), optimizer,
                           batch_size=args.batch_size, end_trigger=MaxEpoch(args.epochs),
-                          seed=args.seed)
+                          seed=args.seed, progress_bar=False if args.no_progress else None)
     opt.set_validation(test_rdd, EveryEpoch(), [Top1Accuracy(), Loss()])
     if args.checkpoint_dir:
         opt.set_checkpoint(args.checkpoint_dir, EveryEpoch(), keep_last=2)

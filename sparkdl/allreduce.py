@@ -25,8 +25,23 @@ import numpy as np
 from pyspark import RDD
 
 from .local_step import TaskReport
+from .wire_codec import ExactCodec
 
-__all__ = ["AllReduceResult", "ShuffleAllReduce", "DriverAllReduce", "block_bounds"]
+__all__ = ["AllReduceResult", "ShuffleAllReduce", "DriverAllReduce", "block_bounds",
+           "choose_allreduce", "DRIVER_ALLREDUCE_MAX_BYTES"]
+
+DRIVER_ALLREDUCE_MAX_BYTES = 64 << 20
+"""``allreduce="auto"`` sums at the driver while the driver would receive at most this many bytes
+per iteration (vector bytes x partitions); above it the shuffle's second stage costs less than
+funnelling every whole vector through the driver. Crossover measured with
+bench/allreduce_crossover.py (docs/scaling.md)."""
+
+
+def choose_allreduce(vector_bytes: int, num_partitions: int) -> str:
+    """``"driver"`` or ``"shuffle"`` for a vector of ``vector_bytes`` from ``num_partitions``
+    tasks: the rule behind ``allreduce="auto"``."""
+    return "driver" if vector_bytes * num_partitions <= DRIVER_ALLREDUCE_MAX_BYTES else "shuffle"
+
 
 LocalFn = Callable[[int, Any], "tuple[np.ndarray | None, TaskReport]"]
 
@@ -50,13 +65,13 @@ def block_bounds(size: int, num_blocks: int) -> np.ndarray:
     return (np.arange(k + 1, dtype=np.int64) * size) // k
 
 
-def _sum_in_order(parts: Iterable[tuple[int, bytes | None]], dtype: np.dtype
-                  ) -> np.ndarray | None:
+def _sum_in_order(parts: Iterable[tuple[int, bytes | None]], codec: Any, lo: int,
+                  length: int) -> np.ndarray | None:
     acc: np.ndarray | None = None
     for _, payload in sorted(parts, key=lambda p: p[0]):
         if payload is None:
             continue
-        arr = np.frombuffer(payload, dtype=dtype)
+        arr = codec.decode(payload, lo, length)
         if acc is None:
             acc = arr.copy()
         else:
@@ -75,22 +90,25 @@ class ShuffleAllReduce:
         size: length of the vectors.
         dtype: their numpy dtype.
         num_blocks: number of blocks, i.e. of reduce partitions.
+        codec: how blocks travel (:mod:`sparkdl.wire_codec`); default exact.
     """
 
-    def __init__(self, size: int, dtype: np.dtype, num_blocks: int) -> None:
+    def __init__(self, size: int, dtype: np.dtype, num_blocks: int, codec: Any = None) -> None:
         self.size = int(size)
         self.dtype = np.dtype(dtype)
         self.bounds = block_bounds(size, num_blocks)
         self.num_blocks = len(self.bounds) - 1
+        self.codec = codec if codec is not None else ExactCodec(self.dtype)
 
     def run(self, index_rdd: RDD, local_fn: LocalFn) -> AllReduceResult:
-        bounds, num_blocks, dtype = self.bounds, self.num_blocks, self.dtype
+        bounds, num_blocks, dtype, codec = self.bounds, self.num_blocks, self.dtype, self.codec
 
         def map_side(partition: int, records: Iterator[Any]) -> Iterator[Any]:
             summaries = list(records)
             vector, report = local_fn(partition, summaries[0] if summaries else None)
             for k in range(num_blocks):
-                block = None if vector is None else vector[bounds[k]:bounds[k + 1]].tobytes()
+                block = (None if vector is None else
+                         codec.encode(vector[bounds[k]:bounds[k + 1]], int(bounds[k])))
                 yield k, (partition, block, report if k == 0 else None)
 
         def reduce_side(_: int, records: Iterator[Any]) -> Iterator[Any]:
@@ -102,7 +120,8 @@ class ShuffleAllReduce:
                 if report is not None:
                     reports.append(report)
             for k, parts in by_block.items():
-                total = _sum_in_order(parts, dtype)
+                total = _sum_in_order(parts, codec, int(bounds[k]),
+                                      int(bounds[k + 1] - bounds[k]))
                 yield (k, None if total is None else total.tobytes(), reports,
                        time.perf_counter() - t0)
 
@@ -121,18 +140,21 @@ class ShuffleAllReduce:
 class DriverAllReduce:
     """One-stage AllReduce: tasks return whole vectors, the driver sums them in partition order."""
 
-    def __init__(self, size: int, dtype: np.dtype) -> None:
+    def __init__(self, size: int, dtype: np.dtype, codec: Any = None) -> None:
         self.size = int(size)
         self.dtype = np.dtype(dtype)
+        self.codec = codec if codec is not None else ExactCodec(self.dtype)
 
     def run(self, index_rdd: RDD, local_fn: LocalFn) -> AllReduceResult:
+        codec = self.codec
+
         def map_side(partition: int, records: Iterator[Any]) -> Iterator[Any]:
             summaries = list(records)
             vector, report = local_fn(partition, summaries[0] if summaries else None)
-            yield partition, None if vector is None else vector.tobytes(), report
+            yield partition, None if vector is None else codec.encode(vector, 0), report
 
         results = index_rdd.mapPartitionsWithIndex(map_side).collect()
         t0 = time.perf_counter()
-        vector = _sum_in_order(((p, b) for p, b, _ in results), self.dtype)
+        vector = _sum_in_order(((p, b) for p, b, _ in results), codec, 0, self.size)
         reports = sorted((r for _, _, r in results), key=lambda r: r.partition)
         return AllReduceResult(vector, reports, time.perf_counter() - t0)

@@ -20,7 +20,7 @@ from .errors import InvalidArgumentError
 from .shards import ArrayBlock
 
 __all__ = ["FeatureSource", "feature_source", "feature_expression", "arrow_features",
-           "to_blocks", "FEATURES_FIELD", "LABEL_FIELD"]
+           "to_blocks", "arrays_to_dataframe", "FEATURES_FIELD", "LABEL_FIELD"]
 
 FEATURES_FIELD = "_sparkdl_features"
 LABEL_FIELD = "_sparkdl_label"
@@ -156,6 +156,21 @@ def _labels(column: pa.Array, label_col: str, classifier: bool) -> np.ndarray:
     return y.astype(np.float32)
 
 
+_BLOCK_BYTES = 4 << 20
+"""Largest Arrow slice turned into one block: each block is one binary value in the JVM (copied a
+few times on its way to Python), so bounding it keeps a 1 GiB executor heap enough for wide rows."""
+
+
+def _slices(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:
+    rows = batch.num_rows
+    if rows == 0:
+        yield batch
+        return
+    per_chunk = max(1, rows * max_bytes // max(1, batch.nbytes))
+    for start in range(0, rows, per_chunk):
+        yield batch.slice(start, per_chunk)
+
+
 def to_blocks(df: Any, source: FeatureSource, label_col: str, classifier: bool,
               feature_shape: Sequence[int], preprocess: Any, partitions: int) -> Any:
     """The rows of ``df`` as an RDD of ArrayBlocks, one per Arrow batch, in ``partitions``."""
@@ -168,14 +183,37 @@ def to_blocks(df: Any, source: FeatureSource, label_col: str, classifier: bool,
     shape = list(feature_shape)
 
     def convert(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            try:
-                block = ArrayBlock([arrow_features(batch.column(0), source, shape, preprocess)],
-                                   _labels(batch.column(1), label_col, classifier))
-            except ValueError as exc:
-                block = ArrayBlock([], np.zeros(0), error=str(exc))
-            payload = pickle.dumps(block, protocol=pickle.HIGHEST_PROTOCOL)
-            yield pa.RecordBatch.from_arrays([pa.array([payload], pa.binary())], ["block"])
+        for whole in batches:
+            for batch in _slices(whole, _BLOCK_BYTES):
+                try:
+                    block = ArrayBlock([arrow_features(batch.column(0), source, shape,
+                                                       preprocess)],
+                                       _labels(batch.column(1), label_col, classifier))
+                except ValueError as exc:
+                    block = ArrayBlock([], np.zeros(0), error=str(exc))
+                payload = pickle.dumps(block, protocol=pickle.HIGHEST_PROTOCOL)
+                yield pa.RecordBatch.from_arrays([pa.array([payload], pa.binary())], ["block"])
 
     blocks = selected.mapInArrow(convert, "block binary")
     return blocks.rdd.map(lambda row: pickle.loads(row[0]))
+
+
+def arrays_to_dataframe(spark: Any, features: np.ndarray, labels: np.ndarray,
+                        features_col: str = "features", label_col: str = "label") -> Any:
+    """A DataFrame with an ``array<float>`` features column (each sample flattened) and a label
+    column, built through one Arrow table (no Python rows).
+
+    Example: ``df = arrays_to_dataframe(spark, images, labels)``, then
+    ``NNClassifier(..., featureShape=[1, 28, 28]).fit(df)``.
+    """
+    features = np.asarray(features)
+    labels = np.asarray(labels)
+    if len(features) != len(labels):
+        raise InvalidArgumentError(f"features has {len(features)} rows but labels has "
+                                   f"{len(labels)}")
+    flat = np.ascontiguousarray(features.reshape(len(features), -1), dtype=np.float32)
+    width = flat.shape[1] if flat.ndim == 2 else 0
+    offsets = pa.array(np.arange(0, flat.size + 1, max(width, 1), dtype=np.int64)[:len(flat) + 1])
+    column = pa.LargeListArray.from_arrays(offsets, pa.array(flat.ravel()))
+    return spark.createDataFrame(pa.table({features_col: column.cast(pa.list_(pa.float32())),
+                                           label_col: pa.array(labels)}))

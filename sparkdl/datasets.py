@@ -13,9 +13,16 @@ import os
 
 import numpy as np
 
-__all__ = ["read_idx", "load_fashion_mnist", "FASHION_MNIST_DIR"]
+__all__ = ["read_idx", "load_fashion_mnist", "FASHION_MNIST_DIR", "FASHION_MNIST_MEAN",
+           "FASHION_MNIST_STD", "FASHION_MNIST_CLASSES"]
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+FASHION_MNIST_MEAN = 0.2860
+"""Mean pixel value of the training images scaled to [0, 1]."""
+FASHION_MNIST_STD = 0.3530
+"""Standard deviation of the training pixels scaled to [0, 1]."""
+FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+                         "Sneaker", "Bag", "Ankle boot"]
 _IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
@@ -35,11 +42,12 @@ def read_idx(path: str) -> np.ndarray:
     return array.reshape(dims).astype(dtype.newbyteorder("="), copy=False)
 
 
-def load_fashion_mnist(data_dir: str = FASHION_MNIST_DIR
+def load_fashion_mnist(data_dir: str = FASHION_MNIST_DIR, standardize: bool = False
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Fashion-MNIST as (train images, train labels, test images, test labels).
 
-    Images are float32 in [0, 1] shaped (N, 1, 28, 28); labels int64 in 0..9. The files come
+    Images are float32 in [0, 1] shaped (N, 1, 28, 28) (with ``standardize``, shifted and
+    scaled by FASHION_MNIST_MEAN and FASHION_MNIST_STD); labels int64 in 0..9. The files come
     from Debian's ``dataset-fashion-mnist`` package (``apt-get install dataset-fashion-mnist``)
     or any directory holding the four standard IDX files.
     """
@@ -59,7 +67,8 @@ def load_fashion_mnist(data_dir: str = FASHION_MNIST_DIR
     train_x, train_y, test_x, test_y = (read_idx(p) for p in paths)
 
     def images(a: np.ndarray) -> np.ndarray:
-        return (a.astype(np.float32) / 255.0).reshape(-1, 1, 28, 28)
+        x = (a.astype(np.float32) / 255.0).reshape(-1, 1, 28, 28)
+        return (x - FASHION_MNIST_MEAN) / FASHION_MNIST_STD if standardize else x
 
     return images(train_x), train_y.astype(np.int64), images(test_x), test_y.astype(np.int64)
 

@@ -145,7 +145,10 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
                                       get("momentum"), get("weightDecay")))
         engine = DistriOptimizer(model, train_rdd, self.criterion, optimizer,
                                  batch_size=get("batchSize"), end_trigger=MaxEpoch(get("maxEpoch")),
-                                 seed=get("seed"), micro_batch_size=get("microBatchSize") or None)
+                                 seed=get("seed"), micro_batch_size=get("microBatchSize") or None,
+                                 progress_bar=None if get("progressBar") else False)
+        if get("tensorboardDir"):
+            engine.set_tensorboard(get("tensorboardDir"))
         if val_df is not None:
             metrics = [Loss(), Top1Accuracy()] if self._classifier else [Loss()]
             engine.set_validation(to_blocks(val_df, source, label_col, self._classifier, shape,

@@ -19,6 +19,7 @@ import torch
 
 from .batching import task_seed
 from .metrics import ValidationMetric
+from .process_memory import current_rss_bytes
 from .replica import Replica, set_task_threads
 from .shards import Shard, open_shard
 
@@ -51,6 +52,7 @@ class TaskReport:
     compute_s: float = 0.0
     missing_shard: bool = False
     attempt: int = 0
+    rss_bytes: int = 0         # the Python worker's resident memory after the task
 
 
 def _to_tensors(features: Sequence[np.ndarray], labels: np.ndarray
@@ -102,6 +104,7 @@ def local_gradient(spec: StepSpec, partition: int, replica_getter: Any, weights:
     layout.write_buffers(model, vector, count / spec.batch_size)
     report.loss = loss_sum
     report.compute_s = time.perf_counter() - t0
+    report.rss_bytes = current_rss_bytes()
     return vector, report
 
 

@@ -49,6 +49,14 @@ class NNParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasBatchSize, HasL
     inferenceBatchSize: "Param[int]" = Param(Params._dummy(), "inferenceBatchSize",
                                              "rows per model call in transform",
                                              typeConverter=TypeConverters.toInt)
+    progressBar: "Param[bool]" = Param(
+        Params._dummy(), "progressBar",
+        "show a progress bar while fitting when interactive (a notebook or a terminal)",
+        typeConverter=TypeConverters.toBoolean)
+    tensorboardDir: "Param[str]" = Param(
+        Params._dummy(), "tensorboardDir",
+        "also write training and validation scalars for TensorBoard here (\"\": off)",
+        typeConverter=TypeConverters.toString)
 
     def __init__(self) -> None:
         super().__init__()
@@ -56,7 +64,8 @@ class NNParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasBatchSize, HasL
                          featuresCols=[], featureShape=[], batchSize=128, maxEpoch=10,
                          learningRate=1e-3, optimizer="adam", momentum=0.0, weightDecay=0.0,
                          seed=0, numTrainWorkers=0, validationIndicatorCol="",
-                         microBatchSize=0, inferenceBatchSize=1024)
+                         microBatchSize=0, inferenceBatchSize=1024, progressBar=True,
+                         tensorboardDir="")
 
 
     def getFeaturesCols(self) -> list[str]:
@@ -79,6 +88,12 @@ class NNParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasBatchSize, HasL
 
     def getInferenceBatchSize(self) -> int:
         return self.getOrDefault(self.inferenceBatchSize)
+
+    def getProgressBar(self) -> bool:
+        return self.getOrDefault(self.progressBar)
+
+    def getTensorboardDir(self) -> str:
+        return self.getOrDefault(self.tensorboardDir)
 
     def setParams(self, **params: Any) -> "NNParams":
         """Set any Params by name, e.g. ``setParams(batchSize=64, maxEpoch=3)``."""

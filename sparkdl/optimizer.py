@@ -38,7 +38,7 @@ import torch
 from pyspark import RDD
 from torch import nn
 
-from .allreduce import AllReduceResult, DriverAllReduce, ShuffleAllReduce
+from .allreduce import AllReduceResult, DriverAllReduce, ShuffleAllReduce, choose_allreduce
 from .batching import BatchPlan
 from .cached_data import CachedData, clean_workers, lost_data_reason
 from .checkpoint import FORMAT_VERSION, CheckpointStore
@@ -48,9 +48,12 @@ from .input_checks import (argument_error, check_criterion, check_optimizer, che
                            check_rdd, check_type, dry_run, summarize)
 from .local_step import StepSpec, TaskReport, local_evaluation, local_gradient
 from .metrics import ValidationMetric
+from .process_memory import current_rss_bytes
+from .progress import ProgressReporter, check_tensorboard
 from .replica import ReplicaSpec
 from .summary import IterationRecord, TrainingSummary, ValidationRecord
-from .triggers import MaxEpoch, TrainingState, Trigger
+from .triggers import MaxEpoch, MaxIteration, TrainingState, Trigger
+from .wire_codec import COMPRESSIONS, make_codec
 
 __all__ = ["DistriOptimizer"]
 
@@ -143,8 +146,12 @@ class DistriOptimizer:
         micro_batch_size: accumulate each task's gradient over micro-batches of this size
             (bounds a task's memory; same result).
         shuffle: reshuffle each partition every epoch (default) or visit it in stored order.
-        allreduce: ``"shuffle"`` (default; block-sharded through a Spark shuffle) or ``"driver"``
-            (tasks return whole gradients and the driver sums them: one stage, for small models).
+        allreduce: ``"auto"`` (default) picks ``"driver"`` for small models and ``"shuffle"``
+            otherwise (see :func:`choose_allreduce`); ``"shuffle"``: block-sharded through a
+            Spark shuffle (BigDL's design); ``"driver"``: tasks return whole gradients and the
+            driver sums them (one stage). All give bitwise the same result.
+        compression: ``None`` (default, exact) or ``"bf16"``: gradients travel rounded to
+            bfloat16 (half the bytes; sums still formed in full precision; buffers exact).
         num_blocks: number of gradient blocks / reduce partitions of the shuffle; default the
             number of partitions of ``training_rdd``.
 
@@ -166,7 +173,8 @@ class DistriOptimizer:
                  end_trigger: Trigger | None = None, seed: int = 0,
                  lr_scheduler: Any = None, lr_scheduler_step: str = "epoch",
                  micro_batch_size: int | None = None, shuffle: bool = True,
-                 allreduce: str = "shuffle", num_blocks: int | None = None) -> None:
+                 allreduce: str = "auto", num_blocks: int | None = None,
+                 progress_bar: bool | None = None, compression: str | None = None) -> None:
         self.model = check_type("model", _OWNER, model, nn.Module, "a torch.nn.Module")
         self.training_rdd = check_rdd("training_rdd", _OWNER, training_rdd)
         self.reduction = check_criterion(_OWNER, criterion)
@@ -192,10 +200,18 @@ class DistriOptimizer:
         self.micro_batch_size = check_positive_int("micro_batch_size", _OWNER, micro_batch_size,
                                                    allow_none=True)
         self.shuffle = check_type("shuffle", _OWNER, shuffle, bool, "a bool")
-        if allreduce not in ("shuffle", "driver"):
-            raise argument_error("allreduce", _OWNER, "'shuffle' or 'driver'", allreduce)
+        if allreduce not in ("auto", "shuffle", "driver"):
+            raise argument_error("allreduce", _OWNER, "'auto', 'shuffle' or 'driver'", allreduce)
         self.allreduce = allreduce
+        if compression not in COMPRESSIONS:
+            raise argument_error("compression", _OWNER, "None or 'bf16'", compression)
+        self.compression = compression
         self.num_blocks = check_positive_int("num_blocks", _OWNER, num_blocks, allow_none=True)
+        if progress_bar is not None and not isinstance(progress_bar, bool):
+            raise argument_error("progress_bar", _OWNER, "True, False or None (automatic)",
+                                 progress_bar)
+        self.progress_bar = progress_bar
+        self._tensorboard_dir: str | None = None
         self.layout = ParamLayout(model)
         self._validation: _Validation | None = None
         self._checkpointing: _Checkpointing | None = None
@@ -254,6 +270,20 @@ class DistriOptimizer:
         self._checkpointing = _Checkpointing(path, trigger, keep_last, resume)
         return self
 
+    def set_tensorboard(self, log_dir: str) -> "DistriOptimizer":
+        """Also write training scalars (loss, learning rate, samples/s per iteration) and
+        validation metrics as TensorBoard summaries under ``log_dir`` (a local directory on the
+        driver). Needs the ``tensorboard`` package; checked now.
+
+        Example: ``opt.set_tensorboard("/tmp/tb/run1")``, then ``tensorboard --logdir /tmp/tb``.
+        """
+        owner = f"{_OWNER}.set_tensorboard"
+        if not isinstance(log_dir, str) or not log_dir.strip():
+            raise argument_error("log_dir", owner, "a non-empty directory path", log_dir)
+        check_tensorboard(log_dir)
+        self._tensorboard_dir = log_dir
+        return self
+
     # ----------------------------------------------------------------------------- training
     def optimize(self) -> nn.Module:
         """Train until the end trigger fires; return the trained model (the same object)."""
@@ -279,9 +309,10 @@ class DistriOptimizer:
             spec_bc = sc.broadcast(self._replica_bytes())
             allreduce = self._make_allreduce(train.num_partitions)
             log.info("training on %d samples in %d partitions: global batch %d, %d iterations "
-                     "per epoch, %s all-reduce of %d values", plan.num_samples,
+                     "per epoch, %s all-reduce of %d values%s", plan.num_samples,
                      plan.num_partitions, self.batch_size, plan.iterations_per_epoch,
-                     self.allreduce, self.layout.size)
+                     type(allreduce).__name__, self.layout.size,
+                     " (gradients in bf16)" if self.compression else "")
             self._loop(sc, run_key, train, val, plan, spec_bc, allreduce, store)
         finally:
             if spec_bc is not None:
@@ -379,10 +410,15 @@ class DistriOptimizer:
         return cloudpickle.dumps(ReplicaSpec(self.model, self.criterion, self.reduction))
 
     def _make_allreduce(self, num_partitions: int) -> Any:
-        if self.allreduce == "driver":
-            return DriverAllReduce(self.layout.size, self.layout.numpy_dtype)
-        return ShuffleAllReduce(self.layout.size, self.layout.numpy_dtype,
-                                self.num_blocks or num_partitions)
+        layout = self.layout
+        codec = make_codec(self.compression, layout.numpy_dtype, layout.num_param_values)
+        path = self.allreduce
+        if path == "auto":
+            path = choose_allreduce(layout.size * layout.numpy_dtype.itemsize, num_partitions)
+        if path == "driver":
+            return DriverAllReduce(layout.size, layout.numpy_dtype, codec)
+        return ShuffleAllReduce(layout.size, layout.numpy_dtype,
+                                self.num_blocks or num_partitions, codec)
 
     def _loop(self, sc: Any, run_key: str, train: CachedData, val: CachedData | None,
               plan: BatchPlan, spec_bc: Any, allreduce: Any,
@@ -396,6 +432,19 @@ class DistriOptimizer:
                 log.info("the end trigger had already fired at iteration %d: nothing to train",
                          self.iteration)
                 return
+        reporter = ProgressReporter(self.progress_bar, self._tensorboard_dir,
+                                    plan.iterations_per_epoch,
+                                    _total_iterations(self.end_trigger, plan), self.iteration)
+        try:
+            self._iterate(sc, run_key, train, val, plan, spec_bc, allreduce, store, weights,
+                          reporter)
+        finally:
+            reporter.close()
+
+    def _iterate(self, sc: Any, run_key: str, train: CachedData, val: CachedData | None,
+                 plan: BatchPlan, spec_bc: Any, allreduce: Any, store: CheckpointStore | None,
+                 weights: np.ndarray, reporter: ProgressReporter) -> None:
+        iteration_level = logging.DEBUG if reporter.console else logging.INFO
         while True:
             epoch, step = plan.epoch_and_step(self.iteration)
             starts, counts = plan.shares(epoch, step)
@@ -430,14 +479,18 @@ class DistriOptimizer:
                 learning_rate=lr, samples_per_s=records / wall, wall_s=wall,
                 compute_s=compute_s, reduce_s=result.reduce_s, update_s=update_s,
                 broadcast_s=broadcast_s,
-                other_s=max(0.0, wall - compute_s - result.reduce_s - update_s - broadcast_s))
+                other_s=max(0.0, wall - compute_s - result.reduce_s - update_s - broadcast_s),
+                driver_rss_bytes=current_rss_bytes(),
+                worker_rss_bytes=max((r.rss_bytes for r in result.reports), default=0))
             self.summary.iterations.append(record)
-            log.info("epoch %d iteration %d (%d/%d): records %d, loss %.6g, %.0f samples/s",
-                     epoch + 1, self.iteration, step + 1, plan.iterations_per_epoch, records,
-                     loss, record.samples_per_s)
+            log.log(iteration_level,
+                    "epoch %d iteration %d (%d/%d): records %d, loss %.6g, %.0f samples/s",
+                    epoch + 1, self.iteration, step + 1, plan.iterations_per_epoch, records,
+                    loss, record.samples_per_s)
+            reporter.iteration(record)
             if self._validation is not None and val is not None and \
                     self._validation.trigger(state):
-                self._validate(sc, run_key, val, spec_bc, weights, state)
+                reporter.validation(self._validate(sc, run_key, val, spec_bc, weights, state))
             if store is not None and self._checkpointing is not None and \
                     self._checkpointing.trigger(state):
                 self._write_checkpoint(store, plan)
@@ -503,7 +556,7 @@ class DistriOptimizer:
         self.optimizer.zero_grad(set_to_none=True)
 
     def _validate(self, sc: Any, run_key: str, val: CachedData, spec_bc: Any,
-                  weights: np.ndarray, state: TrainingState) -> None:
+                  weights: np.ndarray, state: TrainingState) -> ValidationRecord:
         assert self._validation is not None and val.index_rdd is not None
         metrics = self._validation.metrics
         weights_bc = sc.broadcast(weights)
@@ -525,6 +578,17 @@ class DistriOptimizer:
             parts = [sums[m] for _, sums, n in results if sums is not None and n > 0]
             total = np.sum(parts, axis=0) if parts else np.zeros(2)
             values[metric.name] = metric.result(total)
-        self.summary.validations.append(ValidationRecord(state.iteration, state.epoch, values))
+        record = ValidationRecord(state.iteration, state.epoch, values)
+        self.summary.validations.append(record)
         log.info("validation after iteration %d (epoch %d): %s", state.iteration, state.epoch,
                  ", ".join(f"{k} {v:.6g}" for k, v in values.items()))
+        return record
+
+
+def _total_iterations(trigger: Trigger, plan: BatchPlan) -> int | None:
+    """The run's last iteration when the end trigger says it in advance (for the ETA)."""
+    if isinstance(trigger, MaxEpoch):
+        return trigger.max_epoch * plan.iterations_per_epoch
+    if isinstance(trigger, MaxIteration):
+        return trigger.max_iteration
+    return None

@@ -19,7 +19,8 @@ __all__ = ["IterationRecord", "ValidationRecord", "TrainingSummary"]
 @dataclass
 class IterationRecord:
     """One iteration. Times are seconds; ``other_s`` is the wall time not in the other parts
-    (Spark scheduling, serialisation, the shuffle's transfers, the collect)."""
+    (Spark scheduling, serialisation, the shuffle's transfers, the collect). Memory: the driver's
+    resident set after the update and the largest Python worker's after its task, in bytes."""
 
     iteration: int
     epoch: int
@@ -33,6 +34,8 @@ class IterationRecord:
     update_s: float
     broadcast_s: float
     other_s: float
+    driver_rss_bytes: int = 0
+    worker_rss_bytes: int = 0
 
 
 @dataclass

@@ -54,8 +54,12 @@ CASES = [
          r"be 'epoch' or 'iteration'\. Got 'batch'", {"lr_scheduler_step": "batch"}),
     Case("micro-batch-negative", InvalidArgumentError, r"'micro_batch_size' argument .* must be "
          r"a positive int or None\. Got -1", {"micro_batch_size": -1}),
-    Case("allreduce-unknown", InvalidArgumentError, r"'allreduce' argument .* must be 'shuffle' "
-         r"or 'driver'\. Got 'ring'", {"allreduce": "ring"}),
+    Case("allreduce-unknown", InvalidArgumentError, r"'allreduce' argument .* must be 'auto', "
+         r"'shuffle' or 'driver'\. Got 'ring'", {"allreduce": "ring"}),
+    Case("compression-unknown", InvalidArgumentError, r"'compression' argument .* must be None "
+         r"or 'bf16'\. Got 'fp8'", {"compression": "fp8"}),
+    Case("progress-bar-not-bool", InvalidArgumentError, r"'progress_bar' argument .* must be "
+         r"True, False or None", {"progress_bar": "yes"}),
     Case("num-blocks-zero", InvalidArgumentError, r"'num_blocks' argument .* must be a positive "
          r"int or None\. Got 0", {"num_blocks": 0}),
     Case("shuffle-a-string", InvalidArgumentError, r"'shuffle' argument .* must be a bool\. "

@@ -1,0 +1,363 @@
+"""sparkdl against the alternatives on the reference workloads, in one run, interleaved.
+
+    python bench/compare_runners.py                       # W1 W2 W3, all runners, 3 rounds
+    python bench/compare_runners.py --workloads W3 --runners sparkdl single --rounds 1
+
+Workloads (../shared/docs/benchmarks.md): W1 MLP 784-256-10 at batch 256, W2 LeNet-5 at batch
+1024 (and W2-8192 at batch 8192), W3 MLP 784-4096-4096-10 at batch 128; 8192 synthetic
+MNIST-shaped samples in 2 partitions, SGD lr 0.01 momentum 0.9, weights from
+torch.manual_seed(42), the same batches everywhere (sparkdl's BatchPlan).
+
+Runners: sparkdl (local[2], each AllReduce path, bf16 compression on W3), plain PyTorch in one
+process with 2 threads, TorchDistributor(num_processes=2, local_mode=True) with DDP over gloo and
+one thread per process, a naive Spark loop (state dict broadcast + pickled reduceByKey of
+per-parameter gradients), and the bare Spark floor: an empty two-stage PySpark job (map,
+reduceByKey, collect) plus a broadcast of the model's byte size.
+
+Prints one table: samples/s (median over rounds), ratios to single-process and to
+TorchDistributor, first and final loss, peak RSS of the driver-side process and of the workers,
+and sparkdl's per-iteration time split with its overhead (iteration minus slowest task compute)
+against the floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from sparkdl.batching import BatchPlan  # noqa: E402
+from sparkdl.model_zoo import lenet5, mlp  # noqa: E402
+from sparkdl.process_memory import peak_rss_bytes  # noqa: E402
+
+SAMPLES, PARTITIONS, LR, MOMENTUM, SEED = 8192, 2, 0.01, 0.9, 0
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    sizes: tuple[int, ...] | None      # MLP widths, None for LeNet-5
+    batch: int
+    warmup: int
+    timed: int
+
+    def model(self) -> torch.nn.Module:
+        torch.manual_seed(42)
+        return mlp(self.sizes) if self.sizes else lenet5()
+
+
+WORKLOADS = {
+    "W1": Workload("W1", (784, 256, 10), 256, 30, 60),
+    "W2": Workload("W2", None, 1024, 8, 24),
+    "W2-8192": Workload("W2-8192", None, 8192, 3, 6),
+    "W3": Workload("W3", (784, 4096, 4096, 10), 128, 5, 20),
+}
+
+
+def synthetic_data(n: int = SAMPLES, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Each class a smooth random prototype plus Gaussian noise (learnable, MNIST-shaped)."""
+    g = torch.Generator().manual_seed(seed)
+    protos = torch.nn.functional.avg_pool2d(torch.randn(10, 1, 28, 28, generator=g), 5, 1, 2)
+    protos = protos / protos.std()
+    labels = torch.randint(0, 10, (n,), generator=g)
+    x = protos[labels] + 2.0 * torch.randn(n, 1, 28, 28, generator=g)
+    return x.numpy().astype(np.float32), labels.numpy().astype(np.int64)
+
+
+def plan_for(w: Workload) -> BatchPlan:
+    return BatchPlan([SAMPLES // PARTITIONS] * PARTITIONS, w.batch, SEED, True)
+
+
+@dataclass
+class Result:
+    samples_per_s: float
+    first_loss: float
+    final_loss: float
+    driver_rss: int = 0
+    worker_rss: int = 0
+    split: dict[str, float] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- single process
+def _single(w: Workload, x: np.ndarray, y: np.ndarray, queue: Any) -> None:
+    torch.set_num_threads(2)
+    net, plan = w.model(), plan_for(w)
+    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+    xs, ys, losses, start = torch.from_numpy(x), torch.from_numpy(y), [], 0.0
+    for t in range(w.warmup + w.timed):
+        if t == w.warmup:
+            start = time.perf_counter()
+        idx = torch.from_numpy(plan.global_indices(*plan.epoch_and_step(t)))
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(xs[idx]), ys[idx])
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    elapsed = time.perf_counter() - start
+    queue.put(Result(w.timed * w.batch / elapsed, losses[0], losses[-1], peak_rss_bytes()))
+
+
+def run_single(w: Workload, x: np.ndarray, y: np.ndarray, **_: Any) -> Result:
+    """In a fresh process, so its peak RSS is its own."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_single, args=(w, x, y, queue))
+    proc.start()
+    try:
+        return queue.get(timeout=3600)
+    finally:
+        proc.join()
+
+
+# --------------------------------------------------------------------------- TorchDistributor
+def _ddp_train(w: Workload, data_path: str) -> dict[str, Any]:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    data = np.load(data_path)
+    xs, ys = torch.from_numpy(data["x"]), torch.from_numpy(data["y"])
+    net, plan = DistributedDataParallel(w.model()), plan_for(w)
+    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+    losses, start = [], 0.0
+    for t in range(w.warmup + w.timed):
+        if t == w.warmup:
+            dist.barrier()
+            start = time.perf_counter()
+        epoch, step = plan.epoch_and_step(t)
+        idx = torch.from_numpy(plan.offsets[rank] + plan.local_indices(epoch, step, rank))
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(xs[idx]), ys[idx])
+        loss.backward()
+        opt.step()
+        total = torch.tensor([float(loss) * len(idx)])
+        dist.all_reduce(total)
+        losses.append(float(total) / plan.batch_size_at(step))
+    dist.barrier()
+    elapsed = time.perf_counter() - start
+    rss = torch.tensor([float(peak_rss_bytes())])
+    dist.all_reduce(rss, op=dist.ReduceOp.MAX)
+    dist.destroy_process_group()
+    return {"samples_per_s": w.timed * w.batch / elapsed, "first": losses[0],
+            "final": losses[-1], "rss": int(rss)}
+
+
+def run_torch_distributor(w: Workload, x: np.ndarray, y: np.ndarray, **_: Any) -> Result:
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "data.npz")
+        np.savez(path, x=x, y=y)
+        out = TorchDistributor(num_processes=PARTITIONS, local_mode=True,
+                               use_gpu=False).run(_ddp_train, w, path)
+    return Result(out["samples_per_s"], out["first"], out["final"], worker_rss=out["rss"])
+
+
+# ----------------------------------------------------------------------------------- sparkdl
+def run_sparkdl(w: Workload, x: np.ndarray, y: np.ndarray, sc: Any = None,
+                allreduce: str = "auto", compression: str | None = None, **_: Any) -> Result:
+    from sparkdl import DistriOptimizer
+    from sparkdl.process_memory import current_rss_bytes
+    from sparkdl.triggers import MaxIteration
+
+    rdd = sc.parallelize(list(zip(x, y)), PARTITIONS)
+    net = w.model()
+    kwargs = {"allreduce": allreduce}
+    if compression:
+        kwargs["compression"] = compression
+    opt = DistriOptimizer(net, rdd, torch.nn.CrossEntropyLoss(),
+                          torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM),
+                          batch_size=w.batch, end_trigger=MaxIteration(w.warmup + w.timed),
+                          seed=SEED, progress_bar=False, **kwargs)
+    opt.optimize()
+    timed = opt.summary.iterations[w.warmup:]
+    split = {k: statistics.median(getattr(r, k) for r in timed)
+             for k in ("wall_s", "compute_s", "reduce_s", "update_s", "broadcast_s", "other_s")}
+    split["overhead_s"] = statistics.median(r.wall_s - r.compute_s for r in timed)
+    return Result(sum(r.records for r in timed) / sum(r.wall_s for r in timed),
+                  opt.summary.iterations[0].loss, opt.summary.iterations[-1].loss,
+                  driver_rss=current_rss_bytes(),
+                  worker_rss=max(r.worker_rss_bytes for r in timed), split=split)
+
+
+# -------------------------------------------------------------------------------- naive loop
+def run_naive(w: Workload, x: np.ndarray, y: np.ndarray, sc: Any = None, **_: Any) -> Result:
+    """One job per iteration: broadcast the state dict, per-parameter gradients as pickled
+    (name, array) records summed by reduceByKey, collected, applied on the driver."""
+    net, plan = w.model(), plan_for(w)
+    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+    data = sc.parallelize(list(zip(x, y)), PARTITIONS).cache()
+    data.count()
+    factory = w.model
+    losses, start = [], 0.0
+    for t in range(w.warmup + w.timed):
+        if t == w.warmup:
+            start = time.perf_counter()
+        epoch, step = plan.epoch_and_step(t)
+        local = {p: plan.local_indices(epoch, step, p) for p in range(PARTITIONS)}
+        batch = plan.batch_size_at(step)
+        state = sc.broadcast({k: v.numpy() for k, v in net.state_dict().items()})
+
+        def grads(p: int, rows: Any, state: Any = state, local: Any = local,
+                  batch: int = batch) -> Any:
+            torch.set_num_threads(1)
+            rows = list(rows)
+            model = factory()
+            model.load_state_dict({k: torch.from_numpy(v) for k, v in state.value.items()})
+            fx = torch.from_numpy(np.stack([rows[i][0] for i in local[p]]))
+            fy = torch.tensor([rows[i][1] for i in local[p]])
+            loss = torch.nn.functional.cross_entropy(model(fx), fy) * (len(fy) / batch)
+            loss.backward()
+            yield "__loss__", np.array([float(loss)])
+            for name, param in model.named_parameters():
+                yield name, param.grad.numpy()
+
+        summed = dict(data.mapPartitionsWithIndex(grads).reduceByKey(np.add).collect())
+        state.destroy()
+        for name, param in net.named_parameters():
+            param.grad = torch.from_numpy(summed[name])
+        opt.step()
+        losses.append(float(summed["__loss__"][0]))
+    elapsed = time.perf_counter() - start
+    data.unpersist()
+    return Result(w.timed * w.batch / elapsed, losses[0], losses[-1])
+
+
+# ------------------------------------------------------------------------------------- floor
+def spark_floor(sc: Any, nbytes: int, repeats: int = 15) -> tuple[float, float]:
+    """Median seconds of an empty two-stage PySpark job and of broadcasting ``nbytes``."""
+    from operator import add
+
+    rdd = sc.parallelize(range(PARTITIONS), PARTITIONS)
+    jobs, casts = [], []
+    payload = np.zeros(nbytes // 4, dtype=np.float32)
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        rdd.map(lambda v: (v, 1)).reduceByKey(add, PARTITIONS).collect()
+        jobs.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        bc = sc.broadcast(payload)
+        casts.append(time.perf_counter() - t0)
+        bc.destroy(blocking=False)
+    return statistics.median(jobs), statistics.median(casts)
+
+
+RUNNERS = {
+    "single": run_single,
+    "torchdistributor": run_torch_distributor,
+    "sparkdl": run_sparkdl,
+    "sparkdl-shuffle": lambda *a, **k: run_sparkdl(*a, **dict(k, allreduce="shuffle")),
+    "sparkdl-driver": lambda *a, **k: run_sparkdl(*a, **dict(k, allreduce="driver")),
+    "sparkdl-bf16": lambda *a, **k: run_sparkdl(*a, **dict(k, compression="bf16")),
+    "naive": run_naive,
+}
+
+
+def fmt_mb(n: int) -> str:
+    return f"{n / 2**20:,.0f}" if n else "-"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workloads", nargs="+", default=["W1", "W2", "W2-8192", "W3"],
+                   choices=list(WORKLOADS))
+    p.add_argument("--runners", nargs="+", default=list(RUNNERS), choices=list(RUNNERS))
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--master", default="local[2]")
+    args = p.parse_args()
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from sparkdl.spark_settings import spark_session
+
+    spark = spark_session("sparkdl bench: compare runners", args.master,
+                          {"spark.ui.enabled": "false"})
+    sc = spark.sparkContext
+    sc.setLogLevel("ERROR")
+    x, y = synthetic_data()
+    # Spark's JVM is slow for its first jobs: warm it up before anything is timed.
+    warm = WORKLOADS["W1"]
+    for _ in range(2):
+        run_sparkdl(Workload("warm", warm.sizes, warm.batch, 20, 1), x, y, sc=sc)
+    results: dict[tuple[str, str], list[Result]] = {}
+    floors: dict[str, list[tuple[float, float]]] = {}
+    for r in range(args.rounds):
+        for wname in args.workloads:
+            w = WORKLOADS[wname]
+            nbytes = 4 * sum(t.numel() for t in w.model().parameters())
+            floors.setdefault(wname, []).append(spark_floor(sc, nbytes))
+            for runner in args.runners:
+                if runner == "naive" and wname == "W2-8192":
+                    continue
+                if runner == "sparkdl-bf16" and wname != "W3":
+                    continue
+                t0 = time.perf_counter()
+                res = RUNNERS[runner](w, x, y, sc=sc)
+                results.setdefault((wname, runner), []).append(res)
+                print(f"round {r + 1} {wname:8s} {runner:17s} {res.samples_per_s:10,.0f} "
+                      f"samples/s  loss {res.first_loss:.5f} -> {res.final_loss:.5f}  "
+                      f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+    report(args, results, floors)
+    spark.stop()
+
+
+def report(args: Any, results: dict[tuple[str, str], list[Result]],
+           floors: dict[str, list[tuple[float, float]]]) -> None:
+    print(f"\n{args.rounds} round(s), medians; local[2]; data {SAMPLES} samples in "
+          f"{PARTITIONS} partitions\n")
+    print("| workload | runner | samples/s | x single | x TorchDistributor | first loss | "
+          "final loss | driver RSS MiB | worker RSS MiB |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for wname in args.workloads:
+        med = {runner: statistics.median(r.samples_per_s for r in rs)
+               for (wn, runner), rs in results.items() if wn == wname}
+        for runner in args.runners:
+            rs = results.get((wname, runner))
+            if not rs:
+                continue
+            last = rs[-1]
+            single = med.get("single")
+            td = med.get("torchdistributor")
+            print(f"| {wname} | {runner} | {med[runner]:,.0f} | "
+                  f"{med[runner] / single:.2f} | " if single else
+                  f"| {wname} | {runner} | {med[runner]:,.0f} | - | ", end="")
+            print(f"{med[runner] / td:.2f} | " if td else "- | ", end="")
+            print(f"{last.first_loss:.5f} | {last.final_loss:.5f} | "
+                  f"{fmt_mb(max(r.driver_rss for r in rs))} | "
+                  f"{fmt_mb(max(r.worker_rss for r in rs))} |")
+    print("\nsparkdl's iteration (medians, ms) against the bare Spark floor (empty two-stage "
+          "job + broadcast of the model's size):\n")
+    print("| workload | runner | iteration | slowest task | reduce | update | broadcast | "
+          "other | overhead | floor: job + broadcast | overhead / floor |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for wname in args.workloads:
+        job = statistics.median(f[0] for f in floors[wname])
+        cast = statistics.median(f[1] for f in floors[wname])
+        for runner in args.runners:
+            rs = [r for r in results.get((wname, runner), []) if r.split]
+            if not rs:
+                continue
+            s = {k: 1000 * statistics.median(r.split[k] for r in rs) for k in rs[0].split}
+            floor = 1000 * (job + cast)
+            print(f"| {wname} | {runner} | {s['wall_s']:.1f} | {s['compute_s']:.1f} | "
+                  f"{s['reduce_s']:.1f} | {s['update_s']:.1f} | {s['broadcast_s']:.1f} | "
+                  f"{s['other_s']:.1f} | {s['overhead_s']:.1f} | {1000 * job:.1f} + "
+                  f"{1000 * cast:.1f} | {s['overhead_s'] / floor:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""The AllReduce paths: the automatic choice, and bf16 gradient compression on the wire."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from models import BatchNormNet, SmallNet, bitwise_equal, classification_data, make_rdd
+from sparkdl import DistriOptimizer, InvalidArgumentError
+from sparkdl.allreduce import DRIVER_ALLREDUCE_MAX_BYTES, choose_allreduce
+from sparkdl.triggers import MaxIteration
+from sparkdl.wire_codec import Bf16Codec, ExactCodec
+
+
+def train(sc, net_class=SmallNet, iterations=6, **kwargs):
+    x, y = classification_data(100, seed=3)
+    torch.manual_seed(11)
+    net = net_class()
+    opt = DistriOptimizer(net, make_rdd(sc, list(zip(x, y)), [45, 55]),
+                          torch.nn.CrossEntropyLoss(),
+                          torch.optim.SGD(net.parameters(), lr=0.2, momentum=0.9),
+                          batch_size=20, end_trigger=MaxIteration(iterations), seed=1,
+                          progress_bar=False, **kwargs)
+    return opt.optimize(), opt
+
+
+def test_auto_picks_the_driver_for_small_and_the_shuffle_for_large_gradients():
+    assert choose_allreduce(800_000, 2) == "driver"          # W1: 0.8 MB from 2 tasks
+    assert choose_allreduce(80_000_000, 2) == "shuffle"      # W3: 76 MiB from 2 tasks
+    small = DRIVER_ALLREDUCE_MAX_BYTES // 8
+    assert choose_allreduce(small, 8) == "driver" and choose_allreduce(small, 9) == "shuffle"
+
+
+def test_auto_logs_its_choice_and_equals_both_explicit_paths(sc, caplog):
+    with caplog.at_level(logging.INFO, logger="sparkdl"):
+        auto, _ = train(sc)
+    assert any("DriverAllReduce" in r.getMessage() for r in caplog.records)
+    shuffle, _ = train(sc, allreduce="shuffle")
+    assert bitwise_equal(auto, shuffle)
+
+
+def test_bf16_codec_rounds_gradients_and_keeps_buffers_exact():
+    rng = np.random.default_rng(0)
+    vector = rng.normal(size=1000).astype(np.float32)
+    vector[900:] = np.arange(100) + 1234567          # "buffers": integers bf16 cannot hold
+    codec = Bf16Codec(np.float32, exact_from=900)
+    for lo, hi in [(0, 1000), (0, 450), (450, 1000), (950, 1000)]:
+        payload = codec.encode(vector[lo:hi], lo)
+        rounded = min(max(900 - lo, 0), hi - lo)
+        assert len(payload) == 2 * rounded + 4 * (hi - lo - rounded)
+        back = codec.decode(payload, lo, hi - lo)
+        expected = torch.from_numpy(vector[lo:hi]).to(torch.bfloat16).float().numpy()
+        expected[rounded:] = vector[lo + rounded:hi]
+        assert np.array_equal(back, expected)
+    assert np.array_equal(ExactCodec(np.float32).decode(
+        ExactCodec(np.float32).encode(vector, 0), 0, 1000), vector)
+
+
+@pytest.mark.parametrize("allreduce", ["shuffle", "driver"])
+def test_bf16_training_stays_close_to_exact_training(sc, allreduce):
+    exact, _ = train(sc, allreduce=allreduce)
+    half, opt = train(sc, allreduce=allreduce, compression="bf16")
+    assert not bitwise_equal(exact, half)                # the rounding really happened
+    for a, b in zip(exact.parameters(), half.parameters()):
+        assert torch.allclose(a, b, rtol=0.02, atol=2e-3)
+
+
+def test_bf16_keeps_batchnorm_buffers_exact(sc):
+    exact, _ = train(sc, BatchNormNet)
+    half, _ = train(sc, BatchNormNet, compression="bf16")
+    assert int(half.bn.num_batches_tracked) == int(exact.bn.num_batches_tracked) == 6
+    assert torch.allclose(half.bn.running_mean, exact.bn.running_mean, atol=5e-3)
+
+
+def test_unknown_compression_is_refused(sc):
+    with pytest.raises(InvalidArgumentError, match="compression"):
+        train(sc, compression="fp8")

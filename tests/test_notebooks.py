@@ -1,0 +1,55 @@
+"""The notebooks run top to bottom from a clean kernel (nbclient), as a user would run them,
+and draw their plots: training curves, a confusion matrix, and the progress bar."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FASHION = "/usr/share/datasets/fashion-mnist"
+NOTEBOOKS = ["quickstart_dataframe.ipynb", "quickstart_engine.ipynb"]
+
+
+def read(name):
+    return nbformat.read(os.path.join(ROOT, "notebooks", name), as_version=4)
+
+
+def tagged(nb, tag):
+    cells = [c for c in nb.cells if tag in c.get("metadata", {}).get("tags", [])]
+    assert len(cells) == 1, f"one cell tagged {tag!r} expected"
+    return cells[0]
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_is_stored_without_outputs(name):
+    for cell in read(name).cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, cell.source[:80]
+
+
+@pytest.mark.skipif(not os.path.isdir(FASHION), reason="apt-get install dataset-fashion-mnist")
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_runs_and_plots(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    nb = read(name)
+    nbclient.NotebookClient(nb, timeout=900, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
+              if o.output_type == "error"]
+    assert errors == []
+    for tag in ("curves", "confusion-matrix"):
+        images = [o for o in tagged(nb, tag).outputs if "image/png" in o.get("data", {})]
+        assert images, f"cell {tag!r} drew no plot"
+    bars = [o for o in tagged(nb, "fit").outputs
+            if "<progress" in o.get("data", {}).get("text/html", "")]
+    assert bars, "no progress bar in the fit cell"
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                   for o in c.outputs)
+    accuracy = float(text.split("test accuracy: ")[1].split()[0])
+    assert accuracy >= 0.8

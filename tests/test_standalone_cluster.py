@@ -1,0 +1,163 @@
+"""A real Spark standalone cluster on 127.0.0.1: a master and two workers started with
+``spark-class`` from the pyspark package, an example submitted with
+``spark-submit --master spark://127.0.0.1:PORT``, sparkdl shipped as a zip through ``--py-files``
+(as on a Hadoop cluster where nothing is installed on the workers), and everything torn down.
+
+The Python that the driver and the executors run sees torch, numpy and pyspark but *not* sparkdl
+(checked first), so the job can only pass if ``--py-files`` shipped it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FASHION = "/usr/share/datasets/fashion-mnist"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def python_without_sparkdl(tmp) -> str:
+    """A python launcher that sees this interpreter's packages except sparkdl (``-S``: no
+    site-packages processing, so no editable-install hook; a copy of site-packages' entries
+    without sparkdl on PYTHONPATH instead)."""
+    import sysconfig
+
+    site = sysconfig.get_paths()["purelib"]
+    shadow = tmp / "site"
+    shadow.mkdir()
+    for name in os.listdir(site):
+        if name.startswith(("sparkdl", "__editable__")) or name.endswith(".pth"):
+            continue
+        os.symlink(os.path.join(site, name), shadow / name)
+    launcher = tmp / "python"
+    launcher.write_text("#!/bin/sh\n"
+                        f'PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{shadow}" '
+                        f'exec {sys.executable} -S "$@"\n')
+    launcher.chmod(0o755)
+    return str(launcher)
+
+
+def sparkdl_zip(tmp) -> str:
+    """sparkdl's sources zipped the way a user ships them: ``zip -r sparkdl.zip sparkdl``."""
+    path = tmp / "sparkdl.zip"
+    with zipfile.ZipFile(path, "w") as z:
+        for folder, _, files in os.walk(os.path.join(ROOT, "sparkdl")):
+            for f in files:
+                if f.endswith(".py"):
+                    full = os.path.join(folder, f)
+                    z.write(full, os.path.relpath(full, ROOT))
+    return str(path)
+
+
+def processes_under(path: str) -> list[str]:
+    """Live processes whose command line or working directory mention ``path``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            continue
+        if path in cmd or cwd.startswith(path):
+            found.append(f"{pid}: {cmd[:200]}")
+    return found
+
+
+class StandaloneCluster:
+    """A master and workers as child process groups; :meth:`stop` kills the groups."""
+
+    def __init__(self, tmp, workers: int, env: dict[str, str]) -> None:
+        import pyspark
+
+        self.spark_class = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
+        self.tmp, self.env, self.procs = tmp, env, []
+        self.port = free_port()
+        self.url = f"spark://127.0.0.1:{self.port}"
+        self._start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                    "--port", str(self.port), "--webui-port", str(free_port()))
+        for i in range(workers):
+            work = tmp / f"worker{i}"
+            work.mkdir()
+            self._start(f"worker{i}", "org.apache.spark.deploy.worker.Worker", self.url,
+                        "--host", "127.0.0.1", "--cores", "1", "--memory", "1536m",
+                        "--webui-port", str(free_port()), "--work-dir", str(work))
+        self._wait_for_workers(workers)
+
+    def _start(self, name: str, cls: str, *args: str) -> None:
+        log = open(self.tmp / f"{name}.log", "w")
+        self.procs.append(subprocess.Popen([self.spark_class, cls, *args], stdout=log,
+                                           stderr=subprocess.STDOUT, env=self.env,
+                                           cwd=self.tmp, start_new_session=True))
+
+    def _wait_for_workers(self, count: int, timeout: float = 120) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            log = (self.tmp / "master.log").read_text()
+            if log.count("Registering worker") >= count:
+                return
+            if any(p.poll() is not None for p in self.procs):
+                break
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError("standalone cluster did not start:\n" +
+                           (self.tmp / "master.log").read_text()[-3000:])
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.time() + 30
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+@pytest.mark.skipif(not os.path.isdir(FASHION), reason="apt-get install dataset-fashion-mnist")
+def test_example_on_a_standalone_cluster_with_py_files(tmp_path):
+    python = python_without_sparkdl(tmp_path)
+    probe = subprocess.run([python, "-c", "import sparkdl"], capture_output=True, text=True,
+                           cwd=tmp_path)
+    assert probe.returncode != 0 and "No module named 'sparkdl'" in probe.stderr
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=python,
+               PYSPARK_DRIVER_PYTHON=python, SPARK_NO_DAEMONIZE="1")
+    env.pop("PYTHONPATH", None)
+    cluster = StandaloneCluster(tmp_path, workers=2, env=env)
+    try:
+        submit = os.path.join(os.path.dirname(cluster.spark_class), "spark-submit")
+        proc = subprocess.run(
+            [submit, "--master", cluster.url, "--py-files", sparkdl_zip(tmp_path),
+             "--executor-memory", "1g", "--total-executor-cores", "2",
+             "--conf", "spark.ui.enabled=false",
+             "--conf", "spark.driver.host=127.0.0.1",
+             os.path.join(ROOT, "examples", "lenet_fashion_mnist_engine.py"),
+             "--train-samples", "6000", "--epochs", "2", "--partitions", "2",
+             "--min-accuracy", "0.6"],
+            capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        accuracy = float(re.search(r"test accuracy: ([0-9.]+)", proc.stdout).group(1))
+        assert accuracy >= 0.6
+        # Both workers ran executors for this application.
+        apps = [d for w in ("worker0", "worker1") for d in os.listdir(tmp_path / w)]
+        assert len(apps) == 2 and len(set(apps)) == 1, apps
+    finally:
+        cluster.stop()
+    time.sleep(1)
+    assert processes_under(str(tmp_path)) == []
