@@ -8,7 +8,8 @@ Workloads (../shared/docs/benchmarks.md): W1 MLP 784-256-10 at batch 256, W2 LeN
 MNIST-shaped samples in 2 partitions, SGD lr 0.01 momentum 0.9, weights from
 torch.manual_seed(42), the same batches everywhere (sparkdl's BatchPlan).
 
-Runners: sparkdl (local[2], each AllReduce path, bf16 compression on W3), plain PyTorch in one
+Runners: sparkdl (local[2], allreduce="auto"; bf16 compression on W3; the forced paths
+sparkdl-shuffle and sparkdl-driver on request), plain PyTorch in one
 process with 2 threads, TorchDistributor(num_processes=2, local_mode=True) with DDP over gloo and
 one thread per process, a naive Spark loop (state dict broadcast + pickled reduceByKey of
 per-parameter gradients), and the bare Spark floor: an empty two-stage PySpark job (map,
@@ -144,7 +145,7 @@ def _ddp_train(w: Workload, data_path: str) -> dict[str, Any]:
         loss = torch.nn.functional.cross_entropy(net(xs[idx]), ys[idx])
         loss.backward()
         opt.step()
-        total = torch.tensor([float(loss) * len(idx)])
+        total = torch.tensor([float(loss.detach()) * len(idx)])
         dist.all_reduce(total)
         losses.append(float(total) / plan.batch_size_at(step))
     dist.barrier()
@@ -275,7 +276,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", nargs="+", default=["W1", "W2", "W2-8192", "W3"],
                    choices=list(WORKLOADS))
-    p.add_argument("--runners", nargs="+", default=list(RUNNERS), choices=list(RUNNERS))
+    p.add_argument("--runners", nargs="+", choices=list(RUNNERS),
+                   default=["single", "torchdistributor", "naive", "sparkdl", "sparkdl-bf16"])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--master", default="local[2]")
     args = p.parse_args()
@@ -304,6 +306,10 @@ def main() -> None:
                 if runner == "naive" and wname == "W2-8192":
                     continue
                 if runner == "sparkdl-bf16" and wname != "W3":
+                    continue
+                if runner == "torchdistributor" and wname == "W2-8192":
+                    # One gloo rank exits without a message and the other waits forever
+                    # (seen every time here, not diagnosed): not run.
                     continue
                 t0 = time.perf_counter()
                 res = RUNNERS[runner](w, x, y, sc=sc)
