@@ -212,8 +212,7 @@ def arrays_to_dataframe(spark: Any, features: np.ndarray, labels: np.ndarray,
         raise InvalidArgumentError(f"features has {len(features)} rows but labels has "
                                    f"{len(labels)}")
     flat = np.ascontiguousarray(features.reshape(len(features), -1), dtype=np.float32)
-    width = flat.shape[1] if flat.ndim == 2 else 0
-    offsets = pa.array(np.arange(0, flat.size + 1, max(width, 1), dtype=np.int64)[:len(flat) + 1])
+    offsets = pa.array(np.arange(len(flat) + 1, dtype=np.int64) * flat.shape[1])
     column = pa.LargeListArray.from_arrays(offsets, pa.array(flat.ravel()))
     return spark.createDataFrame(pa.table({features_col: column.cast(pa.list_(pa.float32())),
                                            label_col: pa.array(labels)}))

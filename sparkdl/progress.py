@@ -69,7 +69,10 @@ class _Bar:
         self.started = time.perf_counter()
         self.last_validation = ""
 
-    def text(self, record: IterationRecord) -> tuple[str, int, int]:
+    def validation(self, record: ValidationRecord) -> None:
+        self.last_validation = ", ".join(f"{k} {v:.4g}" for k, v in record.metrics.items())
+
+    def text(self, record: IterationRecord) -> tuple[str, int]:
         step = (record.iteration - 1) % self.per_epoch + 1
         done = record.iteration - self.start_iteration
         eta = ""
@@ -81,7 +84,7 @@ class _Bar:
                 f"{record.samples_per_s:,.0f} samples/s{eta}")
         if self.last_validation:
             line += f"  | {self.last_validation}"
-        return line, step, self.per_epoch
+        return line, step
 
 
 class ConsoleBar(_Bar):
@@ -96,16 +99,13 @@ class ConsoleBar(_Bar):
         self.line_open = False
 
     def iteration(self, record: IterationRecord) -> None:
-        line, step, per_epoch = self.text(record)
-        filled = self.width * step // per_epoch
+        line, step = self.text(record)
+        filled = self.width * step // self.per_epoch
         bar = "#" * filled + "-" * (self.width - filled)
-        end = "\n" if step == per_epoch else ""
+        end = "\n" if step == self.per_epoch else ""
         self.stream.write(f"\r[{bar}] {line}\x1b[K{end}")
         self.stream.flush()
         self.line_open = not end
-
-    def validation(self, record: ValidationRecord) -> None:
-        self.last_validation = ", ".join(f"{k} {v:.4g}" for k, v in record.metrics.items())
 
     def close(self) -> None:
         if self.line_open:
@@ -125,13 +125,10 @@ class NotebookBar(_Bar):
         self.handle = display(HTML("<code>sparkdl: starting</code>"), display_id=True)
 
     def iteration(self, record: IterationRecord) -> None:
-        line, step, per_epoch = self.text(record)
+        line, step = self.text(record)
         self.handle.update(self._html(
-            f"<progress value='{step}' max='{per_epoch}' style='width:40%'></progress> "
+            f"<progress value='{step}' max='{self.per_epoch}' style='width:40%'></progress> "
             f"<code>{html.escape(line)}</code>"))
-
-    def validation(self, record: ValidationRecord) -> None:
-        self.last_validation = ", ".join(f"{k} {v:.4g}" for k, v in record.metrics.items())
 
     def close(self) -> None:
         pass
