@@ -61,6 +61,8 @@ def main() -> None:
             for path in ("driver", "shuffle"):
                 times.setdefault((mib, path), []).append(
                     median_iteration(sc, hidden, path, args.iterations, args.warmup))
+                print(f"{mib:g} MiB {path}: {1000 * times[(mib, path)][-1]:.1f} ms",
+                      file=sys.stderr, flush=True)
     print("| gradient MiB | bytes to the driver (driver path) | driver ms | shuffle ms | "
           "driver / shuffle |")
     print("|---:|---:|---:|---:|---:|")

@@ -157,14 +157,59 @@ def _ddp_train(w: Workload, data_path: str) -> dict[str, Any]:
             "final": losses[-1], "rss": int(rss)}
 
 
+TD_TIMEOUT_S = 240
+
+
+def _descendants(pid: int) -> list[int]:
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == pid:
+                children.append(int(entry))
+    return children + [d for c in children for d in _descendants(c)]
+
+
+def _kill_torchrun_after(seconds: float, done: Any) -> None:
+    """If TorchDistributor has not returned after ``seconds``, kill the torchrun processes it
+    started (a gloo rank sometimes exits and the other waits forever), so run() fails."""
+    if done.wait(seconds):
+        return
+    for pid in _descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if b"torch_run_process_wrapper" in cmd or b"torch.distributed.run" in cmd:
+            for victim in [pid] + _descendants(pid):     # the launcher and its ranks
+                try:
+                    os.kill(victim, 9)
+                except OSError:
+                    pass
+    print(f"TorchDistributor hung for {seconds:.0f} s: its processes were killed",
+          file=sys.stderr, flush=True)
+
+
 def run_torch_distributor(w: Workload, x: np.ndarray, y: np.ndarray, **_: Any) -> Result:
+    import threading
+
     from pyspark.ml.torch.distributor import TorchDistributor
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "data.npz")
-        np.savez(path, x=x, y=y)
-        out = TorchDistributor(num_processes=PARTITIONS, local_mode=True,
-                               use_gpu=False).run(_ddp_train, w, path)
+    done = threading.Event()
+    threading.Thread(target=_kill_torchrun_after, args=(TD_TIMEOUT_S, done), daemon=True).start()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "data.npz")
+            np.savez(path, x=x, y=y)
+            out = TorchDistributor(num_processes=PARTITIONS, local_mode=True,
+                                   use_gpu=False).run(_ddp_train, w, path)
+    finally:
+        done.set()
     return Result(out["samples_per_s"], out["first"], out["final"], worker_rss=out["rss"])
 
 
@@ -187,7 +232,8 @@ def run_sparkdl(w: Workload, x: np.ndarray, y: np.ndarray, sc: Any = None,
     opt.optimize()
     timed = opt.summary.iterations[w.warmup:]
     split = {k: statistics.median(getattr(r, k) for r in timed)
-             for k in ("wall_s", "compute_s", "reduce_s", "update_s", "broadcast_s", "other_s")}
+             for k in ("wall_s", "compute_s", "reduce_s", "update_s", "broadcast_s", "launch_s",
+                       "exchange_s", "collect_s", "other_s")}
     split["overhead_s"] = statistics.median(r.wall_s - r.compute_s for r in timed)
     return Result(sum(r.records for r in timed) / sum(r.wall_s for r in timed),
                   opt.summary.iterations[0].loss, opt.summary.iterations[-1].loss,
@@ -280,18 +326,27 @@ def main() -> None:
                    default=["single", "torchdistributor", "naive", "sparkdl", "sparkdl-bf16"])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--master", default="local[2]")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra Spark setting for the session (repeatable)")
     args = p.parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from sparkdl.spark_settings import spark_session
 
-    spark = spark_session("sparkdl bench: compare runners", args.master,
-                          {"spark.ui.enabled": "false"})
+    conf = {"spark.ui.enabled": "false", **dict(c.split("=", 1) for c in args.conf)}
+    spark = spark_session("sparkdl bench: compare runners", args.master, conf)
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")
     x, y = synthetic_data()
-    # Spark's JVM is slow for its first jobs: warm it up before anything is timed.
+    # The floor on clean workers, before torch enters them (a reused PySpark worker runs a full
+    # gc.collect() after every task, which costs ~60 ms more once torch is imported; sparkdl
+    # freezes its long-lived objects out of it, the bare floor jobs later in the session cannot).
+    spark_floor(sc, 4, repeats=40)                  # Spark's JVM is slow for its first jobs
+    clean_floors = {wname: spark_floor(sc, 4 * sum(t.numel() for t in WORKLOADS[wname].model()
+                                                   .parameters()))
+                    for wname in args.workloads}
+    # warm up sparkdl before anything is timed.
     warm = WORKLOADS["W1"]
     for _ in range(2):
         run_sparkdl(Workload("warm", warm.sizes, warm.batch, 20, 1), x, y, sc=sc)
@@ -307,22 +362,24 @@ def main() -> None:
                     continue
                 if runner == "sparkdl-bf16" and wname != "W3":
                     continue
-                if runner == "torchdistributor" and wname == "W2-8192":
-                    # One gloo rank exits without a message and the other waits forever
-                    # (seen every time here, not diagnosed): not run.
-                    continue
                 t0 = time.perf_counter()
-                res = RUNNERS[runner](w, x, y, sc=sc)
+                try:
+                    res = RUNNERS[runner](w, x, y, sc=sc)
+                except Exception as exc:  # a runner that fails is reported, not fatal
+                    print(f"round {r + 1} {wname:8s} {runner:17s} FAILED: "
+                          f"{str(exc).splitlines()[0][:200]}", file=sys.stderr, flush=True)
+                    continue
                 results.setdefault((wname, runner), []).append(res)
                 print(f"round {r + 1} {wname:8s} {runner:17s} {res.samples_per_s:10,.0f} "
                       f"samples/s  loss {res.first_loss:.5f} -> {res.final_loss:.5f}  "
                       f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
-    report(args, results, floors)
+    report(args, results, floors, clean_floors)
     spark.stop()
 
 
 def report(args: Any, results: dict[tuple[str, str], list[Result]],
-           floors: dict[str, list[tuple[float, float]]]) -> None:
+           floors: dict[str, list[tuple[float, float]]],
+           clean_floors: dict[str, tuple[float, float]]) -> None:
     print(f"\n{args.rounds} round(s), medians; local[2]; data {SAMPLES} samples in "
           f"{PARTITIONS} partitions\n")
     print("| workload | runner | samples/s | x single | x TorchDistributor | first loss | "
@@ -346,10 +403,12 @@ def report(args: Any, results: dict[tuple[str, str], list[Result]],
                   f"{fmt_mb(max(r.driver_rss for r in rs))} | "
                   f"{fmt_mb(max(r.worker_rss for r in rs))} |")
     print("\nsparkdl's iteration (medians, ms) against the bare Spark floor (empty two-stage "
-          "job + broadcast of the model's size):\n")
-    print("| workload | runner | iteration | slowest task | reduce | update | broadcast | "
-          "other | overhead | floor: job + broadcast | overhead / floor |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "job + broadcast of the model's size), measured on clean workers before anything "
+          "else and again in each round (workers that imported torch):\n")
+    print("| workload | runner | iteration | slowest task | launch | exchange | reduce | collect "
+          "| update | broadcast | other | overhead | floor, clean workers | overhead / clean "
+          "floor | floor in session | overhead / floor in session |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for wname in args.workloads:
         job = statistics.median(f[0] for f in floors[wname])
         cast = statistics.median(f[1] for f in floors[wname])
@@ -359,10 +418,14 @@ def report(args: Any, results: dict[tuple[str, str], list[Result]],
                 continue
             s = {k: 1000 * statistics.median(r.split[k] for r in rs) for k in rs[0].split}
             floor = 1000 * (job + cast)
+            clean = 1000 * sum(clean_floors[wname])
             print(f"| {wname} | {runner} | {s['wall_s']:.1f} | {s['compute_s']:.1f} | "
-                  f"{s['reduce_s']:.1f} | {s['update_s']:.1f} | {s['broadcast_s']:.1f} | "
-                  f"{s['other_s']:.1f} | {s['overhead_s']:.1f} | {1000 * job:.1f} + "
-                  f"{1000 * cast:.1f} | {s['overhead_s'] / floor:.2f} |")
+                  f"{s['launch_s']:.1f} | {s['exchange_s']:.1f} | {s['reduce_s']:.1f} | "
+                  f"{s['collect_s']:.1f} | {s['update_s']:.1f} | {s['broadcast_s']:.1f} | "
+                  f"{s['other_s']:.1f} | {s['overhead_s']:.1f} | "
+                  f"{1000 * clean_floors[wname][0]:.1f} + {1000 * clean_floors[wname][1]:.1f} | "
+                  f"{s['overhead_s'] / clean:.2f} | {1000 * job:.1f} + {1000 * cast:.1f} | "
+                  f"{s['overhead_s'] / floor:.2f} |")
 
 
 if __name__ == "__main__":

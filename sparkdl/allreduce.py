@@ -12,7 +12,9 @@ how the sum is made. Two ways exist:
   the driver sums them in partition order.
 
 Both sum in the same order (partition 0, 1, 2, ...), so they give bitwise the same result, and a
-retried task or a recomputed partition cannot change it.
+retried task or a recomputed partition cannot change it. Vectors travel as unpickled byte frames
+(:mod:`sparkdl.spark_frames`): a small pickled header, then the raw buffer, which leaves numpy
+without a copy and reaches the other side as one ``bytes`` object.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import numpy as np
 from pyspark import RDD
 
 from .local_step import TaskReport
+from .spark_frames import (buffer_frames, header, join_frames, keyed_frame, raw_output,
+                           read_header, shuffle_frames)
 from .wire_codec import ExactCodec
 
 __all__ = ["AllReduceResult", "ShuffleAllReduce", "DriverAllReduce", "block_bounds",
@@ -32,9 +36,12 @@ __all__ = ["AllReduceResult", "ShuffleAllReduce", "DriverAllReduce", "block_boun
 
 DRIVER_ALLREDUCE_MAX_BYTES = 64 << 20
 """``allreduce="auto"`` sums at the driver while the driver would receive at most this many bytes
-per iteration (vector bytes x partitions); above it the shuffle's second stage costs less than
-funnelling every whole vector through the driver. Crossover measured with
-bench/allreduce_crossover.py (docs/scaling.md)."""
+per iteration (vector bytes x partitions), and uses the shuffle above it. Measured with
+bench/allreduce_crossover.py on local[2] (bench/RESULTS.md): the one-stage driver path was
+faster at every size up to 32 MiB gradients (0.55x the shuffle's iteration at 0.25 MiB, 0.83x at
+32 MiB: its advantage, one stage fewer, shrinks as bytes dominate), and at 64 MiB (128 MiB into
+the driver) it ran the default 1 GiB driver heap out of memory. The limit keeps the driver's
+intake well inside a default heap (docs/scaling.md)."""
 
 
 def choose_allreduce(vector_bytes: int, num_partitions: int) -> str:
@@ -48,11 +55,35 @@ LocalFn = Callable[[int, Any], "tuple[np.ndarray | None, TaskReport]"]
 
 @dataclass
 class AllReduceResult:
-    """The summed vector (None if no partition contributed) and what the tasks reported."""
+    """The summed vector (None if no partition contributed) and what the tasks reported.
+
+    Wall-clock instants (``time.time()``, comparable across machines only as far as their clocks
+    agree): the job's submission, the first reducer's start and the last reducer's end (both
+    0 without a reduce stage), and the results' arrival at the driver."""
 
     vector: np.ndarray | None
     reports: list[TaskReport] = field(default_factory=list)
     reduce_s: float = 0.0
+    submitted_at: float = 0.0
+    reduce_started_at: float = 0.0
+    reduce_finished_at: float = 0.0
+    returned_at: float = 0.0
+
+    def timeline(self) -> dict[str, float]:
+        """Seconds of: ``launch_s`` (submission until the last task began computing),
+        ``exchange_s`` (the last local vector ready until the last reducer started; the map
+        side's writing and the shuffle), ``collect_s`` (the last sum or vector ready until the
+        driver held them all). Negative spans from clock skew are reported as 0."""
+        started = max((r.started_at for r in self.reports), default=self.submitted_at)
+        ready = max((r.finished_at for r in self.reports), default=started)
+        if self.reduce_started_at:
+            exchange = self.reduce_started_at - ready
+            ready = self.reduce_finished_at
+        else:
+            exchange = 0.0
+        return {"launch_s": max(0.0, started - self.submitted_at),
+                "exchange_s": max(0.0, exchange),
+                "collect_s": max(0.0, self.returned_at - ready)}
 
     @property
     def missing_partitions(self) -> list[int]:
@@ -79,8 +110,20 @@ def _sum_in_order(parts: Iterable[tuple[int, bytes | None]], codec: Any, lo: int
     return acc
 
 
-def _block_partition(key: int) -> int:
-    return key
+def _message(head: Any, payload: Any) -> Iterator[Any]:
+    """A header frame, then the payload's frames (none when ``payload`` is None)."""
+    frames = [] if payload is None else buffer_frames(payload)
+    yield header((head, len(frames)))
+    yield from frames
+
+
+def _read_messages(frames: Iterable[bytes]) -> Iterator[tuple[Any, bytes | None]]:
+    """The ``(head, payload)`` pairs that :func:`_message` wrote, in order."""
+    stream = iter(frames)
+    for frame in stream:
+        head, count = read_header(frame)
+        payload = join_frames([next(stream) for _ in range(count)]) if count else None
+        yield head, payload
 
 
 class ShuffleAllReduce:
@@ -101,7 +144,7 @@ class ShuffleAllReduce:
         self.codec = codec if codec is not None else ExactCodec(self.dtype)
 
     def run(self, index_rdd: RDD, local_fn: LocalFn) -> AllReduceResult:
-        bounds, num_blocks, dtype, codec = self.bounds, self.num_blocks, self.dtype, self.codec
+        bounds, num_blocks, codec = self.bounds, self.num_blocks, self.codec
 
         def map_side(partition: int, records: Iterator[Any]) -> Iterator[Any]:
             summaries = list(records)
@@ -109,32 +152,36 @@ class ShuffleAllReduce:
             for k in range(num_blocks):
                 block = (None if vector is None else
                          codec.encode(vector[bounds[k]:bounds[k + 1]], int(bounds[k])))
-                yield k, (partition, block, report if k == 0 else None)
+                for frame in _message((partition, report if k == 0 else None), block):
+                    yield from keyed_frame(k, frame)
 
-        def reduce_side(_: int, records: Iterator[Any]) -> Iterator[Any]:
-            t0 = time.perf_counter()
-            by_block: dict[int, list[tuple[int, bytes | None]]] = {}
-            reports = []
-            for k, (partition, block, report) in records:
-                by_block.setdefault(k, []).append((partition, block))
+        def reduce_side(k: int, frames: Iterator[bytes]) -> Iterator[Any]:
+            started_at, t0 = time.time(), time.perf_counter()
+            parts, reports = [], []
+            for (partition, report), payload in _read_messages(frames):
+                parts.append((partition, payload))
                 if report is not None:
                     reports.append(report)
-            for k, parts in by_block.items():
-                total = _sum_in_order(parts, codec, int(bounds[k]),
-                                      int(bounds[k + 1] - bounds[k]))
-                yield (k, None if total is None else total.tobytes(), reports,
-                       time.perf_counter() - t0)
+            total = _sum_in_order(parts, codec, int(bounds[k]), int(bounds[k + 1] - bounds[k]))
+            yield from _message((k, reports, time.perf_counter() - t0, started_at, time.time()),
+                                total)
 
-        shuffled = index_rdd.mapPartitionsWithIndex(map_side).partitionBy(
-            num_blocks, _block_partition)
-        results = sorted(shuffled.mapPartitionsWithIndex(reduce_side).collect(),
-                         key=lambda r: r[0])
-        reports = sorted((r for res in results for r in res[2]), key=lambda r: r.partition)
-        reduce_s = max((res[3] for res in results), default=0.0)
-        if any(res[1] is None for res in results):
-            return AllReduceResult(None, reports, reduce_s)
-        vector = np.concatenate([np.frombuffer(res[1], dtype=dtype) for res in results])
-        return AllReduceResult(vector, reports, reduce_s)
+        submitted_at = time.time()
+        shuffled = shuffle_frames(index_rdd.mapPartitionsWithIndex(map_side), num_blocks)
+        frames = raw_output(shuffled.mapPartitionsWithIndex(reduce_side)).collect()
+        result = AllReduceResult(np.empty(self.size, dtype=self.dtype), submitted_at=submitted_at,
+                                 returned_at=time.time())
+        for (k, block_reports, seconds, started, finished), payload in _read_messages(frames):
+            result.reports.extend(block_reports)
+            result.reduce_s = max(result.reduce_s, seconds)
+            result.reduce_started_at = max(result.reduce_started_at, started)
+            result.reduce_finished_at = max(result.reduce_finished_at, finished)
+            if payload is None:
+                result.vector = None
+            elif result.vector is not None:
+                result.vector[bounds[k]:bounds[k + 1]] = np.frombuffer(payload, dtype=self.dtype)
+        result.reports.sort(key=lambda r: r.partition)
+        return result
 
 
 class DriverAllReduce:
@@ -151,10 +198,13 @@ class DriverAllReduce:
         def map_side(partition: int, records: Iterator[Any]) -> Iterator[Any]:
             summaries = list(records)
             vector, report = local_fn(partition, summaries[0] if summaries else None)
-            yield partition, None if vector is None else codec.encode(vector, 0), report
+            yield from _message(report, None if vector is None else codec.encode(vector, 0))
 
-        results = index_rdd.mapPartitionsWithIndex(map_side).collect()
-        t0 = time.perf_counter()
-        vector = _sum_in_order(((p, b) for p, b, _ in results), codec, 0, self.size)
-        reports = sorted((r for _, _, r in results), key=lambda r: r.partition)
-        return AllReduceResult(vector, reports, time.perf_counter() - t0)
+        submitted_at = time.time()
+        frames = raw_output(index_rdd.mapPartitionsWithIndex(map_side)).collect()
+        returned_at, t0 = time.time(), time.perf_counter()
+        messages = list(_read_messages(frames))
+        vector = _sum_in_order(((r.partition, b) for r, b in messages), codec, 0, self.size)
+        reports = sorted((r for r, _ in messages), key=lambda r: r.partition)
+        return AllReduceResult(vector, reports, time.perf_counter() - t0,
+                               submitted_at=submitted_at, returned_at=returned_at)

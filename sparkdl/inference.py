@@ -16,6 +16,7 @@ import pyarrow as pa
 import torch
 
 from .dataframe_arrays import FeatureSource, arrow_features
+from .worker_gc import freeze_long_lived
 
 __all__ = ["predict_column"]
 
@@ -33,6 +34,7 @@ def _cached_model(key: str, payload: bytes) -> torch.nn.Module:
         _MODELS[key] = model
         while len(_MODELS) > _MAX_MODELS:
             _MODELS.popitem(last=False)
+        freeze_long_lived()
     return model
 
 

@@ -53,6 +53,8 @@ class TaskReport:
     missing_shard: bool = False
     attempt: int = 0
     rss_bytes: int = 0         # the Python worker's resident memory after the task
+    started_at: float = 0.0    # wall clock (time.time()) when the task's function began
+    finished_at: float = 0.0   # ... and when its vector was ready
 
 
 def _to_tensors(features: Sequence[np.ndarray], labels: np.ndarray
@@ -72,7 +74,8 @@ def local_gradient(spec: StepSpec, partition: int, replica_getter: Any, weights:
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
-    report = TaskReport(partition=partition, attempt=ctx.attemptNumber() if ctx else 0)
+    report = TaskReport(partition=partition, attempt=ctx.attemptNumber() if ctx else 0,
+                        started_at=time.time())
     count = int(spec.counts[partition])
     report.count = count
     if count == 0:
@@ -105,6 +108,7 @@ def local_gradient(spec: StepSpec, partition: int, replica_getter: Any, weights:
     report.loss = loss_sum
     report.compute_s = time.perf_counter() - t0
     report.rss_bytes = current_rss_bytes()
+    report.finished_at = time.time()
     return vector, report
 
 

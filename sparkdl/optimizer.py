@@ -474,14 +474,17 @@ class DistriOptimizer:
             self.iteration += 1
             state = TrainingState(self.iteration, epoch + int(epoch_finished), epoch_finished)
             compute_s = max((r.compute_s for r in result.reports), default=0.0)
+            spans = result.timeline()
             record = IterationRecord(
                 iteration=self.iteration, epoch=epoch + 1, records=records, loss=loss,
                 learning_rate=lr, samples_per_s=records / wall, wall_s=wall,
                 compute_s=compute_s, reduce_s=result.reduce_s, update_s=update_s,
                 broadcast_s=broadcast_s,
-                other_s=max(0.0, wall - compute_s - result.reduce_s - update_s - broadcast_s),
+                other_s=max(0.0, wall - compute_s - result.reduce_s - update_s - broadcast_s
+                            - sum(spans.values())),
                 driver_rss_bytes=current_rss_bytes(),
-                worker_rss_bytes=max((r.rss_bytes for r in result.reports), default=0))
+                worker_rss_bytes=max((r.rss_bytes for r in result.reports), default=0),
+                **spans)
             self.summary.iterations.append(record)
             log.log(iteration_level,
                     "epoch %d iteration %d (%d/%d): records %d, loss %.6g, %.0f samples/s",

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .flat_params import ParamLayout
+from .worker_gc import freeze_long_lived, release_frozen
 
 __all__ = ["Replica", "ReplicaSpec", "get_replica", "drop_replica"]
 
@@ -49,13 +50,15 @@ def get_replica(run_key: str, spec_broadcast: Any) -> Replica:
         _CACHE[run_key] = replica
         while len(_CACHE) > _MAX_CACHED:
             _CACHE.popitem(last=False)
+        freeze_long_lived()
     _CACHE.move_to_end(run_key)
     return replica
 
 
 def drop_replica(run_key: str) -> None:
     """Forget a run's replica in this worker."""
-    _CACHE.pop(run_key, None)
+    if _CACHE.pop(run_key, None) is not None:
+        release_frozen()
 
 
 def set_task_threads() -> None:

@@ -18,9 +18,14 @@ __all__ = ["IterationRecord", "ValidationRecord", "TrainingSummary"]
 
 @dataclass
 class IterationRecord:
-    """One iteration. Times are seconds; ``other_s`` is the wall time not in the other parts
-    (Spark scheduling, serialisation, the shuffle's transfers, the collect). Memory: the driver's
-    resident set after the update and the largest Python worker's after its task, in bytes."""
+    """One iteration. Times are seconds: ``compute_s`` the slowest task's forward and backward,
+    ``reduce_s`` the slowest reducer (reading its blocks and summing), ``update_s`` the driver's
+    optimizer step, ``broadcast_s`` creating the weights' broadcast; from wall-clock instants
+    (see :meth:`sparkdl.allreduce.AllReduceResult.timeline`): ``launch_s`` job submission until
+    the last task computes, ``exchange_s`` shuffle write and read until the last reducer starts,
+    ``collect_s`` results travelling to the driver; ``other_s`` the rest of ``wall_s``. Memory:
+    the driver's resident set after the update and the largest Python worker's after its task,
+    in bytes."""
 
     iteration: int
     epoch: int
@@ -36,6 +41,9 @@ class IterationRecord:
     other_s: float
     driver_rss_bytes: int = 0
     worker_rss_bytes: int = 0
+    launch_s: float = 0.0
+    exchange_s: float = 0.0
+    collect_s: float = 0.0
 
 
 @dataclass

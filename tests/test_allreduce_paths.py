@@ -78,3 +78,58 @@ def test_bf16_keeps_batchnorm_buffers_exact(sc):
 def test_unknown_compression_is_refused(sc):
     with pytest.raises(InvalidArgumentError, match="compression"):
         train(sc, compression="fp8")
+
+
+def test_frames_split_long_buffers_without_copying_and_join_back(monkeypatch):
+    from sparkdl import spark_frames
+
+    data = np.arange(1000, dtype=np.float32)
+    (single,) = spark_frames.buffer_frames(data)
+    assert single.obj is data and len(single) == 4000          # a view, not a copy
+    monkeypatch.setattr(spark_frames, "MAX_FRAME_BYTES", 1024)
+    frames = spark_frames.buffer_frames(data)
+    assert [len(f) for f in frames] == [1024, 1024, 1024, 928]
+    joined = spark_frames.join_frames([bytes(f) for f in frames])
+    assert np.array_equal(np.frombuffer(joined, dtype=np.float32), data)
+
+
+def test_frames_shuffle_keeps_each_tasks_order(sc):
+    from sparkdl import spark_frames
+
+    def emit(partition, records):
+        for frame in (b"head-%d" % partition, bytes(range(partition, partition + 200))):
+            for k in range(3):
+                yield from spark_frames.keyed_frame(k, frame + b"-%d" % k)
+
+    def collect(k, frames):
+        yield spark_frames.header((k, list(frames)))
+
+    source = sc.parallelize(range(4), 4)
+    shuffled = spark_frames.shuffle_frames(source.mapPartitionsWithIndex(emit), 3)
+    out = spark_frames.raw_output(shuffled.mapPartitionsWithIndex(collect)).collect()
+    received = dict(spark_frames.read_header(f) for f in out)
+    assert sorted(received) == [0, 1, 2]
+    for k, frames in received.items():
+        assert all(isinstance(f, bytes) for f in frames) and len(frames) == 8
+        pairs = sorted(zip(frames[::2], frames[1::2]))
+        assert pairs == [(b"head-%d-%d" % (p, k), bytes(range(p, p + 200)) + b"-%d" % k)
+                         for p in range(4)]
+
+
+def test_replica_objects_are_frozen_out_of_the_per_task_collection_until_dropped():
+    import gc
+
+    from sparkdl.replica import ReplicaSpec, drop_replica, get_replica
+
+    class Spec:
+        value = ReplicaSpec(torch.nn.Linear(3, 2), torch.nn.MSELoss(), "mean")
+
+    gc.unfreeze()
+    try:
+        replica = get_replica("freeze-test", Spec())
+        assert gc.get_freeze_count() > 0          # torch, the model: out of gc.collect()'s walk
+        assert get_replica("freeze-test", Spec()) is replica
+        drop_replica("freeze-test")
+        assert gc.get_freeze_count() == 0         # given back, so its cycles can be reclaimed
+    finally:
+        gc.unfreeze()

@@ -55,12 +55,13 @@ def test_mae_for_regression_every_few_iterations(sc):
         float(((out - torch.from_numpy(y)) ** 2).mean()), rel=1e-5)
 
 
-def test_summary_time_split_and_one_log_line_per_iteration(sc, caplog):
+@pytest.mark.parametrize("allreduce", ["driver", "shuffle"])
+def test_summary_time_split_and_one_log_line_per_iteration(sc, caplog, allreduce):
     x, y = classification_data(60)
     net = SmallNet()
     opt = DistriOptimizer(net, make_rdd(sc, list(zip(x, y)), [30, 30]),
                           torch.nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1),
-                          batch_size=20, end_trigger=MaxIteration(4))
+                          batch_size=20, end_trigger=MaxIteration(4), allreduce=allreduce)
     with caplog.at_level(logging.INFO, logger="sparkdl"):
         opt.optimize()
     lines = [r.getMessage() for r in caplog.records if " iteration " in r.getMessage()
@@ -71,9 +72,13 @@ def test_summary_time_split_and_one_log_line_per_iteration(sc, caplog):
     frame = opt.summary.to_pandas()
     assert list(frame["iteration"]) == [1, 2, 3, 4]
     for rec in opt.summary.iterations:
-        parts = rec.compute_s + rec.reduce_s + rec.update_s + rec.broadcast_s + rec.other_s
-        assert rec.compute_s > 0 and rec.wall_s > 0
-        assert parts == pytest.approx(rec.wall_s, rel=1e-6)
+        spans = (rec.compute_s, rec.reduce_s, rec.update_s, rec.broadcast_s, rec.launch_s,
+                 rec.exchange_s, rec.collect_s)
+        assert rec.compute_s > 0 and rec.wall_s > 0 and rec.launch_s > 0
+        assert all(0 <= span <= rec.wall_s for span in spans)
+        assert rec.other_s == pytest.approx(max(0.0, rec.wall_s - sum(spans)), abs=1e-9)
+        # only the shuffle has a map-to-reduce exchange; both collect results at the driver
+        assert (rec.exchange_s > 0) == (allreduce == "shuffle") and rec.collect_s > 0
         assert rec.samples_per_s == pytest.approx(rec.records / rec.wall_s)
     assert frame["loss"].iloc[0] == pytest.approx(opt.summary.iterations[0].loss)
 
