@@ -58,6 +58,9 @@ class Workload:
         torch.manual_seed(42)
         return mlp(self.sizes) if self.sizes else lenet5()
 
+    def gradient_bytes(self) -> int:
+        return 4 * sum(t.numel() for t in self.model().parameters())
+
 
 WORKLOADS = {
     "W1": Workload("W1", (784, 256, 10), 256, 30, 60),
@@ -214,22 +217,30 @@ def run_torch_distributor(w: Workload, x: np.ndarray, y: np.ndarray, **_: Any) -
 
 
 # ----------------------------------------------------------------------------------- sparkdl
-def run_sparkdl(w: Workload, x: np.ndarray, y: np.ndarray, sc: Any = None,
-                allreduce: str = "auto", compression: str | None = None, **_: Any) -> Result:
+def train_sparkdl(w: Workload, x: np.ndarray, y: np.ndarray, sc: Any, iterations: int,
+                  **kwargs: Any) -> Any:
+    """The DistriOptimizer after ``iterations`` of workload ``w`` (its summary holds the run)."""
     from sparkdl import DistriOptimizer
-    from sparkdl.process_memory import current_rss_bytes
     from sparkdl.triggers import MaxIteration
 
-    rdd = sc.parallelize(list(zip(x, y)), PARTITIONS)
     net = w.model()
+    opt = DistriOptimizer(net, sc.parallelize(list(zip(x, y)), PARTITIONS),
+                          torch.nn.CrossEntropyLoss(),
+                          torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM),
+                          batch_size=w.batch, end_trigger=MaxIteration(iterations),
+                          seed=SEED, progress_bar=False, **kwargs)
+    opt.optimize()
+    return opt
+
+
+def run_sparkdl(w: Workload, x: np.ndarray, y: np.ndarray, sc: Any = None,
+                allreduce: str = "auto", compression: str | None = None, **_: Any) -> Result:
+    from sparkdl.process_memory import current_rss_bytes
+
     kwargs = {"allreduce": allreduce}
     if compression:
         kwargs["compression"] = compression
-    opt = DistriOptimizer(net, rdd, torch.nn.CrossEntropyLoss(),
-                          torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM),
-                          batch_size=w.batch, end_trigger=MaxIteration(w.warmup + w.timed),
-                          seed=SEED, progress_bar=False, **kwargs)
-    opt.optimize()
+    opt = train_sparkdl(w, x, y, sc, w.warmup + w.timed, **kwargs)
     timed = opt.summary.iterations[w.warmup:]
     split = {k: statistics.median(getattr(r, k) for r in timed)
              for k in ("wall_s", "compute_s", "reduce_s", "update_s", "broadcast_s", "launch_s",
@@ -343,8 +354,7 @@ def main() -> None:
     # gc.collect() after every task, which costs ~60 ms more once torch is imported; sparkdl
     # freezes its long-lived objects out of it, the bare floor jobs later in the session cannot).
     spark_floor(sc, 4, repeats=40)                  # Spark's JVM is slow for its first jobs
-    clean_floors = {wname: spark_floor(sc, 4 * sum(t.numel() for t in WORKLOADS[wname].model()
-                                                   .parameters()))
+    clean_floors = {wname: spark_floor(sc, WORKLOADS[wname].gradient_bytes())
                     for wname in args.workloads}
     # warm up sparkdl before anything is timed.
     warm = WORKLOADS["W1"]
@@ -355,8 +365,7 @@ def main() -> None:
     for r in range(args.rounds):
         for wname in args.workloads:
             w = WORKLOADS[wname]
-            nbytes = 4 * sum(t.numel() for t in w.model().parameters())
-            floors.setdefault(wname, []).append(spark_floor(sc, nbytes))
+            floors.setdefault(wname, []).append(spark_floor(sc, w.gradient_bytes()))
             for runner in args.runners:
                 if runner == "naive" and wname == "W2-8192":
                     continue

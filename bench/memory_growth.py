@@ -13,12 +13,10 @@ import argparse
 import os
 import sys
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from compare_runners import LR, MOMENTUM, PARTITIONS, SEED, WORKLOADS, synthetic_data  # noqa: E402
+from compare_runners import WORKLOADS, synthetic_data, train_sparkdl  # noqa: E402
 
 
 def main() -> None:
@@ -26,23 +24,13 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=1000)
     p.add_argument("--workload", default="W1", choices=list(WORKLOADS))
     args = p.parse_args()
-    from sparkdl import DistriOptimizer
     from sparkdl.spark_settings import spark_session
-    from sparkdl.triggers import MaxIteration
 
     spark = spark_session("sparkdl bench: memory growth", "local[2]", {"spark.ui.enabled": "false"})
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")
-    w = WORKLOADS[args.workload]
     x, y = synthetic_data()
-    net = w.model()
-    opt = DistriOptimizer(net, sc.parallelize(list(zip(x, y)), PARTITIONS),
-                          torch.nn.CrossEntropyLoss(),
-                          torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM),
-                          batch_size=w.batch, end_trigger=MaxIteration(args.iterations),
-                          seed=SEED, progress_bar=False)
-    opt.optimize()
-    recs = opt.summary.iterations
+    recs = train_sparkdl(WORKLOADS[args.workload], x, y, sc, args.iterations).summary.iterations
     step = max(1, len(recs) // 10)
     print(f"{args.workload}, {len(recs)} iterations on local[2]\n")
     print("| iteration | driver RSS MiB | worker RSS MiB | iteration ms |")

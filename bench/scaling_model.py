@@ -82,8 +82,7 @@ def main() -> None:
     runs = {("W2", "driver"): run_sparkdl(w2, x, y, sc=sc, allreduce="driver").split,
             ("W2", "shuffle"): run_sparkdl(w2, x, y, sc=sc, allreduce="shuffle").split,
             ("W3", "shuffle"): run_sparkdl(w3, x, y, sc=sc, allreduce="shuffle").split}
-    sizes = {name: 4 * sum(t.numel() for t in WORKLOADS[name].model().parameters())
-             for name in ("W2", "W3")}
+    sizes = {name: WORKLOADS[name].gradient_bytes() for name in ("W2", "W3")}
     per_sample = {name: runs[(name, "shuffle")]["compute_s"] / (WORKLOADS[name].batch // 2)
                   for name in ("W2", "W3")}
     fit = {"d": max(0.0, (jv64 - jv2) / 62)}

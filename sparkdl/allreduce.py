@@ -27,8 +27,7 @@ import numpy as np
 from pyspark import RDD
 
 from .local_step import TaskReport
-from .spark_frames import (buffer_frames, header, join_frames, keyed_frame, raw_output,
-                           read_header, shuffle_frames)
+from .spark_frames import keyed_frame, message_frames, raw_output, read_messages, shuffle_frames
 from .wire_codec import ExactCodec
 
 __all__ = ["AllReduceResult", "ShuffleAllReduce", "DriverAllReduce", "block_bounds",
@@ -58,8 +57,8 @@ class AllReduceResult:
     """The summed vector (None if no partition contributed) and what the tasks reported.
 
     Wall-clock instants (``time.time()``, comparable across machines only as far as their clocks
-    agree): the job's submission, the first reducer's start and the last reducer's end (both
-    0 without a reduce stage), and the results' arrival at the driver."""
+    agree): the job's submission, the last reducer's start and end (both 0 without a reduce
+    stage), and the results' arrival at the driver."""
 
     vector: np.ndarray | None
     reports: list[TaskReport] = field(default_factory=list)
@@ -110,22 +109,6 @@ def _sum_in_order(parts: Iterable[tuple[int, bytes | None]], codec: Any, lo: int
     return acc
 
 
-def _message(head: Any, payload: Any) -> Iterator[Any]:
-    """A header frame, then the payload's frames (none when ``payload`` is None)."""
-    frames = [] if payload is None else buffer_frames(payload)
-    yield header((head, len(frames)))
-    yield from frames
-
-
-def _read_messages(frames: Iterable[bytes]) -> Iterator[tuple[Any, bytes | None]]:
-    """The ``(head, payload)`` pairs that :func:`_message` wrote, in order."""
-    stream = iter(frames)
-    for frame in stream:
-        head, count = read_header(frame)
-        payload = join_frames([next(stream) for _ in range(count)]) if count else None
-        yield head, payload
-
-
 class ShuffleAllReduce:
     """Block-sharded AllReduce through one shuffle (see the module docstring).
 
@@ -152,26 +135,26 @@ class ShuffleAllReduce:
             for k in range(num_blocks):
                 block = (None if vector is None else
                          codec.encode(vector[bounds[k]:bounds[k + 1]], int(bounds[k])))
-                for frame in _message((partition, report if k == 0 else None), block):
+                for frame in message_frames((partition, report if k == 0 else None), block):
                     yield from keyed_frame(k, frame)
 
         def reduce_side(k: int, frames: Iterator[bytes]) -> Iterator[Any]:
             started_at, t0 = time.time(), time.perf_counter()
             parts, reports = [], []
-            for (partition, report), payload in _read_messages(frames):
+            for (partition, report), payload in read_messages(frames):
                 parts.append((partition, payload))
                 if report is not None:
                     reports.append(report)
             total = _sum_in_order(parts, codec, int(bounds[k]), int(bounds[k + 1] - bounds[k]))
-            yield from _message((k, reports, time.perf_counter() - t0, started_at, time.time()),
-                                total)
+            yield from message_frames(
+                (k, reports, time.perf_counter() - t0, started_at, time.time()), total)
 
         submitted_at = time.time()
         shuffled = shuffle_frames(index_rdd.mapPartitionsWithIndex(map_side), num_blocks)
         frames = raw_output(shuffled.mapPartitionsWithIndex(reduce_side)).collect()
         result = AllReduceResult(np.empty(self.size, dtype=self.dtype), submitted_at=submitted_at,
                                  returned_at=time.time())
-        for (k, block_reports, seconds, started, finished), payload in _read_messages(frames):
+        for (k, block_reports, seconds, started, finished), payload in read_messages(frames):
             result.reports.extend(block_reports)
             result.reduce_s = max(result.reduce_s, seconds)
             result.reduce_started_at = max(result.reduce_started_at, started)
@@ -198,12 +181,12 @@ class DriverAllReduce:
         def map_side(partition: int, records: Iterator[Any]) -> Iterator[Any]:
             summaries = list(records)
             vector, report = local_fn(partition, summaries[0] if summaries else None)
-            yield from _message(report, None if vector is None else codec.encode(vector, 0))
+            yield from message_frames(report, None if vector is None else codec.encode(vector, 0))
 
         submitted_at = time.time()
         frames = raw_output(index_rdd.mapPartitionsWithIndex(map_side)).collect()
         returned_at, t0 = time.time(), time.perf_counter()
-        messages = list(_read_messages(frames))
+        messages = list(read_messages(frames))
         vector = _sum_in_order(((r.partition, b) for r, b in messages), codec, 0, self.size)
         reports = sorted((r for r, _ in messages), key=lambda r: r.partition)
         return AllReduceResult(vector, reports, time.perf_counter() - t0,

@@ -12,21 +12,23 @@ This relies on the same RDD internals that ``RDD.partitionBy`` itself uses (``_b
 Example::
 
     def emit(partition, records):
-        yield from keyed_frame(k, header_bytes)       # (key, frame) pairs for the shuffle
+        for frame in message_frames(partition, block):     # a header, then the block's frames
+            yield from keyed_frame(k, frame)                # ... all sent to partition k
     shuffled = shuffle_frames(rdd.mapPartitionsWithIndex(emit), num_partitions)
     frames = raw_output(shuffled.mapPartitionsWithIndex(reduce)).collect()   # list of bytes
+    for head, payload in read_messages(frames): ...
 """
 
 from __future__ import annotations
 
 import pickle
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from pyspark import RDD
 from pyspark.serializers import NoOpSerializer, pack_long
 
 __all__ = ["MAX_FRAME_BYTES", "raw_output", "shuffle_frames", "keyed_frame", "buffer_frames",
-           "header", "read_header", "join_frames"]
+           "header", "read_header", "join_frames", "message_frames", "read_messages"]
 
 MAX_FRAME_BYTES = 1 << 30
 """Largest frame written (PySpark refuses frames of 2 GiB or more); longer buffers are split."""
@@ -81,3 +83,20 @@ def buffer_frames(buffer: Any) -> list[memoryview]:
 def join_frames(frames: list[bytes]) -> bytes:
     """The buffer that :func:`buffer_frames` cut (no copy for a single frame)."""
     return frames[0] if len(frames) == 1 else b"".join(frames)
+
+
+def message_frames(head: Any, payload: Any) -> Iterator[Any]:
+    """A message: a header frame holding ``head`` and the payload's frame count, then the
+    payload's frames (none when ``payload`` is None)."""
+    frames = [] if payload is None else buffer_frames(payload)
+    yield header((head, len(frames)))
+    yield from frames
+
+
+def read_messages(frames: Iterable[bytes]) -> Iterator[tuple[Any, bytes | None]]:
+    """The ``(head, payload)`` pairs that :func:`message_frames` wrote, in order."""
+    stream = iter(frames)
+    for frame in stream:
+        head, count = read_header(frame)
+        payload = join_frames([next(stream) for _ in range(count)]) if count else None
+        yield head, payload

@@ -1,10 +1,11 @@
 """How a task's vector travels to the AllReduce: full precision, or gradients in bfloat16.
 
 A codec encodes a slice ``[lo, lo + len)`` of the flat vector into a buffer (bytes, or the slice
-itself when nothing changes) on the executor and decodes bytes back to the vector's dtype where it is summed. :class:`Bf16Codec` halves the bytes of
-the gradient part (values below ``exact_from``) by rounding them to bfloat16 (8 exponent bits,
-as fp32, so no overflow; 8 significant bits); the buffer part after it (BatchNorm statistics,
-integer counters) stays exact. Sums are always formed in the vector's own dtype.
+itself when nothing changes) on the executor and decodes bytes back to the vector's dtype where
+it is summed. :class:`Bf16Codec` halves the bytes of the gradient part (values below
+``exact_from``) by rounding them to bfloat16 (8 exponent bits, as fp32, so no overflow; 8
+significant bits); the buffer part after it (BatchNorm statistics, integer counters) stays exact.
+Sums are always formed in the vector's own dtype.
 
 Example::
 
