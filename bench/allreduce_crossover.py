@@ -6,7 +6,7 @@ For MLPs 784-h-10 whose fp32 gradient is about each size in --mib, trains 2 part
 synthetic data (batch 64, so compute is small) with allreduce="driver" and "shuffle" in turn,
 interleaved, on local[2], and prints the median iteration time of each and their ratio. The
 driver receives (partitions x gradient bytes) per iteration on the driver path and the summed
-gradient only on the shuffle path. The result sets sparkdl.allreduce.DRIVER_ALLREDUCE_MAX_BYTES
+gradient only on the shuffle path. The result sets sparkdl.transport.allreduce.DRIVER_ALLREDUCE_MAX_BYTES
 (see docs/scaling.md).
 """
 
@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def median_iteration(sc, hidden: int, allreduce: str, iterations: int, warmup: int) -> float:
     from sparkdl import DistriOptimizer
-    from sparkdl.model_zoo import mlp
+    from sparkdl.datasets import mlp
     from sparkdl.triggers import MaxIteration
 
     rng = np.random.default_rng(0)

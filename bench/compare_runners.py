@@ -39,9 +39,9 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from sparkdl.batching import BatchPlan  # noqa: E402
-from sparkdl.model_zoo import lenet5, mlp  # noqa: E402
-from sparkdl.process_memory import peak_rss_bytes  # noqa: E402
+from sparkdl.data.batch_plan import BatchPlan  # noqa: E402
+from sparkdl.datasets import lenet5, mlp  # noqa: E402
+from sparkdl.executor.process_memory import peak_rss_bytes  # noqa: E402
 
 SAMPLES, PARTITIONS, LR, MOMENTUM, SEED = 8192, 2, 0.01, 0.9, 0
 
@@ -235,7 +235,7 @@ def train_sparkdl(w: Workload, x: np.ndarray, y: np.ndarray, sc: Any, iterations
 
 def run_sparkdl(w: Workload, x: np.ndarray, y: np.ndarray, sc: Any = None,
                 allreduce: str = "auto", compression: str | None = None, **_: Any) -> Result:
-    from sparkdl.process_memory import current_rss_bytes
+    from sparkdl.executor.process_memory import current_rss_bytes
 
     kwargs = {"allreduce": allreduce}
     if compression:

@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--bandwidth-gbit", type=float, default=10.0)
     args = ap.parse_args()
-    from sparkdl.allreduce import choose_allreduce
+    from sparkdl.transport.allreduce import choose_allreduce
     from sparkdl.spark_settings import spark_session
 
     spark = spark_session("sparkdl bench: scaling model", args.master,

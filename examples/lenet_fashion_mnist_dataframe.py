@@ -60,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from sparkdl.spark_settings import spark_session
     from sparkdl import NNClassifier
-    from sparkdl.dataframe_arrays import arrays_to_dataframe
+    from sparkdl.data.dataframe_arrays import arrays_to_dataframe
     from sparkdl.datasets import load_fashion_mnist
-    from sparkdl.model_zoo import lenet5
+    from sparkdl.datasets import lenet5
 
     try:
         train_x, train_y, test_x, test_y = load_fashion_mnist(args.data_dir)

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from sparkdl.spark_settings import spark_session
     from sparkdl import DistriOptimizer, Loss, Top1Accuracy
     from sparkdl.datasets import load_fashion_mnist
-    from sparkdl.model_zoo import lenet5
+    from sparkdl.datasets import lenet5
     from sparkdl.triggers import EveryEpoch, MaxEpoch
 
     try:

@@ -1,5 +1,11 @@
 """sparkdl: synchronous data-parallel PyTorch training on plain Spark.
 
+Packages: ``engine`` (the driver's SGD loop), ``runners`` (where its jobs run: Spark RDD jobs or
+in process), ``executor`` (what runs in Python workers), ``transport`` (AllReduce, frames,
+codecs, the flat layout), ``data`` (inputs to arrays, the batch plan), ``ml`` (Spark ML
+estimators), ``storage`` (Hadoop files, checkpoints); ``datasets`` holds demo data and models.
+See docs/architecture.md.
+
 Example::
 
     from sparkdl import DistriOptimizer
@@ -11,15 +17,17 @@ Example::
 
 from .errors import (CheckpointError, InvalidArgumentError, ModelCriterionMismatchError,
                      NonFiniteError, SparkdlError, TrainingDataError)
-from .estimator import NNClassifier, NNClassifierModel, NNEstimator, NNModel
+from .data.batch_plan import BatchPlan
+from .engine.distri_optimizer import DistriOptimizer
+from .engine.summary import TrainingSummary
 from .metrics import MAE, Loss, Top1Accuracy, ValidationMetric
-from .optimizer import DistriOptimizer
-from .summary import TrainingSummary
+from .ml.estimators import NNClassifier, NNClassifierModel, NNEstimator, NNModel
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DistriOptimizer",
+    "BatchPlan",
     "NNEstimator",
     "NNModel",
     "NNClassifier",

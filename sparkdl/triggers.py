@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import InvalidArgumentError
+from .argument_checks import check_positive_int
 
 __all__ = [
     "TrainingState",
@@ -40,14 +40,6 @@ class TrainingState:
     epoch_finished: bool
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InvalidArgumentError(
-            f"The '{name}' argument must be a positive int. Got {value!r} instead."
-        )
-    return value
-
-
 class Trigger:
     """Base class: subclasses implement :meth:`__call__`."""
 
@@ -59,30 +51,36 @@ class Trigger:
         return f"{type(self).__name__}({fields})"
 
 
-class MaxEpoch(Trigger):
+class _CountReached(Trigger):
+    """Fires once the training state's ``count`` attribute reaches ``limit`` (the end triggers:
+    ``MaxEpoch(3).limit == 3``)."""
+
+    count = ""
+    argument = ""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = check_positive_int(self.argument, type(self).__name__, limit)
+
+    def __call__(self, state: TrainingState) -> bool:
+        return getattr(state, self.count) >= self.limit
+
+
+class MaxEpoch(_CountReached):
     """Fires once ``max_epoch`` epochs are finished (an end trigger).
 
     Example: ``DistriOptimizer(..., end_trigger=MaxEpoch(3))``.
     """
 
-    def __init__(self, max_epoch: int) -> None:
-        self.max_epoch = _positive_int("max_epoch", max_epoch)
-
-    def __call__(self, state: TrainingState) -> bool:
-        return state.epoch >= self.max_epoch
+    count, argument = "epoch", "max_epoch"
 
 
-class MaxIteration(Trigger):
+class MaxIteration(_CountReached):
     """Fires once ``max_iteration`` iterations are done (an end trigger).
 
     Example: ``DistriOptimizer(..., end_trigger=MaxIteration(1000))``.
     """
 
-    def __init__(self, max_iteration: int) -> None:
-        self.max_iteration = _positive_int("max_iteration", max_iteration)
-
-    def __call__(self, state: TrainingState) -> bool:
-        return state.iteration >= self.max_iteration
+    count, argument = "iteration", "max_iteration"
 
 
 class EveryEpoch(Trigger):
@@ -102,7 +100,7 @@ class SeveralIteration(Trigger):
     """
 
     def __init__(self, interval: int) -> None:
-        self.interval = _positive_int("interval", interval)
+        self.interval = check_positive_int("interval", "SeveralIteration", interval)
 
     def __call__(self, state: TrainingState) -> bool:
         return state.iteration % self.interval == 0

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from sparkdl.batching import BatchPlan
+from sparkdl.data.batch_plan import BatchPlan
 
 
 class SmallNet(nn.Module):

@@ -10,9 +10,9 @@ import torch
 
 from models import BatchNormNet, SmallNet, bitwise_equal, classification_data, make_rdd
 from sparkdl import DistriOptimizer, InvalidArgumentError
-from sparkdl.allreduce import DRIVER_ALLREDUCE_MAX_BYTES, choose_allreduce
+from sparkdl.transport.allreduce import DRIVER_ALLREDUCE_MAX_BYTES, choose_allreduce
 from sparkdl.triggers import MaxIteration
-from sparkdl.wire_codec import Bf16Codec, ExactCodec
+from sparkdl.transport.codecs import Bf16Codec, ExactCodec
 
 
 def train(sc, net_class=SmallNet, iterations=6, **kwargs):
@@ -81,7 +81,7 @@ def test_unknown_compression_is_refused(sc):
 
 
 def test_frames_split_long_buffers_without_copying_and_join_back(monkeypatch):
-    from sparkdl import spark_frames
+    from sparkdl.transport import frames as spark_frames
 
     data = np.arange(1000, dtype=np.float32)
     (single,) = spark_frames.buffer_frames(data)
@@ -94,7 +94,7 @@ def test_frames_split_long_buffers_without_copying_and_join_back(monkeypatch):
 
 
 def test_frames_shuffle_keeps_each_tasks_order(sc):
-    from sparkdl import spark_frames
+    from sparkdl.transport import frames as spark_frames
 
     def emit(partition, records):
         for frame in (b"head-%d" % partition, bytes(range(partition, partition + 200))):
@@ -119,7 +119,7 @@ def test_frames_shuffle_keeps_each_tasks_order(sc):
 def test_replica_objects_are_frozen_out_of_the_per_task_collection_until_dropped():
     import gc
 
-    from sparkdl.replica import ReplicaSpec, drop_replica, get_replica
+    from sparkdl.executor.replicas import ReplicaSpec, drop_replica, get_replica
 
     class Spec:
         value = ReplicaSpec(torch.nn.Linear(3, 2), torch.nn.MSELoss(), "mean")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sparkdl.batching import BatchPlan
+from sparkdl.data.batch_plan import BatchPlan
 
 
 @pytest.mark.parametrize("sizes,batch", [

@@ -11,7 +11,7 @@ import torch
 
 from models import SmallNet, bitwise_equal, classification_data, make_rdd
 from sparkdl import CheckpointError, DistriOptimizer, NonFiniteError
-from sparkdl.batching import BatchPlan
+from sparkdl.data.batch_plan import BatchPlan
 from sparkdl.triggers import MaxIteration, SeveralIteration
 
 SIZES = [40, 35]

@@ -8,7 +8,7 @@ import torch
 from models import (SmallNet, ThreadCheckingLoss, bitwise_equal, classification_data, make_rdd,
                     max_abs_diff, reference_train)
 from sparkdl import DistriOptimizer
-from sparkdl.batching import BatchPlan
+from sparkdl.data.batch_plan import BatchPlan
 from sparkdl.triggers import MaxEpoch, MaxIteration
 
 
@@ -84,7 +84,7 @@ def test_tasks_use_spark_task_cpus_threads(sc):
 
 def test_dropout_is_seeded_per_task(sc):
     from models import DropoutNet
-    from sparkdl.batching import task_seed
+    from sparkdl.data.batch_plan import task_seed
 
     x, y = classification_data(60, seed=1)
 

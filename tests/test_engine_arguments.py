@@ -64,7 +64,7 @@ CASES = [
          r"int or None\. Got 0", {"num_blocks": 0}),
     Case("shuffle-a-string", InvalidArgumentError, r"'shuffle' argument .* must be a bool\. "
          r"Got 'yes'", {"shuffle": "yes"}),
-    Case("max-epoch-zero", InvalidArgumentError, r"'max_epoch' argument must be a positive int\. "
+    Case("max-epoch-zero", InvalidArgumentError, r"'max_epoch' argument of MaxEpoch must be a positive int\. "
          r"Got 0", after=lambda opt, sc, tmp: MaxEpoch(0)),
     Case("validation-trigger-wrong", InvalidArgumentError, r"'trigger' argument of "
          r"DistriOptimizer\.set_validation must be a sparkdl\.triggers\.Trigger",

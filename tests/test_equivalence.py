@@ -7,7 +7,7 @@ import torch
 
 from models import (SmallNet, classification_data, make_rdd, max_abs_diff, reference_train)
 from sparkdl import DistriOptimizer
-from sparkdl.batching import BatchPlan
+from sparkdl.data.batch_plan import BatchPlan
 from sparkdl.triggers import MaxIteration
 
 N = 120

@@ -167,9 +167,9 @@ def test_save_load_gives_bitwise_identical_predictions(spark, tmp_path):
         collect(model.transform(df), "rawPrediction")
     weights = torch.load(str(tmp_path / "model" / "weights.pt"), weights_only=True)
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
-    with pytest.raises(InvalidArgumentError, match=r"holds a sparkdl\.estimator\."
+    with pytest.raises(InvalidArgumentError, match=r"holds a sparkdl\.ml\.estimators\."
                                                    r"NNClassifierModel, not a "
-                                                   r"sparkdl\.estimator\.NNModel"):
+                                                   r"sparkdl\.ml\.estimators\.NNModel"):
         NNModel.load(str(tmp_path / "model"))
 
 

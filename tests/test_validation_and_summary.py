@@ -11,7 +11,7 @@ import torch
 
 from models import BatchNormNet, TwoInputNet, classification_data, make_rdd, max_abs_diff
 from sparkdl import MAE, DistriOptimizer, Loss, Top1Accuracy
-from sparkdl.batching import BatchPlan
+from sparkdl.data.batch_plan import BatchPlan
 from sparkdl.triggers import EveryEpoch, MaxEpoch, MaxIteration, SeveralIteration
 from models import SmallNet
 

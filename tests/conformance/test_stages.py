@@ -92,8 +92,8 @@ def test_executor_bound_objects_pickle(fitted, name):
     for obj in (est.model_spec, est.criterion, model.module):
         restored = pickle.loads(cloudpickle.dumps(obj))
         assert type(restored).__name__ == type(obj).__name__
-    from sparkdl.dataframe_arrays import FeatureSource
-    from sparkdl.inference import predict_column
+    from sparkdl.data.dataframe_arrays import FeatureSource
+    from sparkdl.ml.inference import predict_column
 
     udf = predict_column(model.module, FeatureSource("vector", ("features",)), [], None, 8,
                          name == "NNClassifier", name != "NNClassifier")

@@ -1,4 +1,4 @@
-"""Driver side of the executor-held shards (see :mod:`sparkdl.shards`).
+"""Driver side of the executor-held shards of an RDD (see :mod:`sparkdl.executor.shard_store`).
 
 ``CachedData`` turns a user's RDD of ``(features, label)`` pairs into shards on the executors with
 one Spark job and keeps a tiny cached RDD (one small summary record per partition) whose cached
@@ -21,14 +21,15 @@ rebuild.
 from __future__ import annotations
 
 import logging
-import shutil
 import os
+import shutil
 import uuid
 from typing import Any
 
 from pyspark import RDD, StorageLevel
 
-from .shards import ShardSummary
+from ..executor.shard_store import ShardSummary
+from ..executor.tasks import CleanupTask, ShardBuildTask
 
 __all__ = ["CachedData", "clean_workers", "lost_data_reason"]
 
@@ -43,29 +44,8 @@ def lost_data_reason(exc: BaseException) -> str | None:
             return line.strip(" :")[:300]
     return None
 
+
 log = logging.getLogger(__name__)
-
-
-def _make_builder(data_key: str, float_dtype: str) -> Any:
-    def build_partition(partition: int, records: Any) -> Any:
-        from sparkdl.shards import build_shard
-
-        yield build_shard(data_key, partition, records, float_dtype)
-
-    return build_partition
-
-
-def _make_dropper(data_keys: list[str]) -> Any:
-    def drop(_: Any) -> Any:
-        from sparkdl.replica import drop_replica
-        from sparkdl.shards import drop_run
-
-        for key in data_keys:
-            drop_run(key)
-            drop_replica(key)
-        return []
-
-    return drop
 
 
 class CachedData:
@@ -93,7 +73,7 @@ class CachedData:
         """Convert every partition into a shard on its executor (one Spark job)."""
         if self.index_rdd is not None:
             self.index_rdd.unpersist(blocking=False)
-        builder = _make_builder(self.data_key, self.float_dtype)
+        builder = ShardBuildTask(self.data_key, self.float_dtype)
         self.index_rdd = self.rdd.mapPartitionsWithIndex(builder)
         self.index_rdd.setName(f"sparkdl {self.name} shards {self.data_key}")
         # persist() also stops pyspark from pipelining later stages into the build function;
@@ -130,6 +110,6 @@ def clean_workers(sc: Any, keys: list[str]) -> None:
     """
     try:
         width = max(2, sc.defaultParallelism) * 2
-        sc.parallelize(range(width), width).foreachPartition(_make_dropper(keys))
+        sc.parallelize(range(width), width).foreachPartition(CleanupTask(list(keys)))
     except Exception as exc:  # cleanup must never hide the training result
         log.debug("cleanup of %s on the executors failed: %s", keys, exc)

@@ -3,7 +3,7 @@
 The estimators accept features as a Vector column (dense or sparse), an ``array<numeric>``
 column, a list of numeric columns, or an image column read by ``spark.read.format("image")``.
 :func:`feature_source` inspects the schema (no Spark job) and :func:`to_blocks` turns the
-DataFrame into an RDD of :class:`~sparkdl.shards.ArrayBlock` (one per Arrow batch), which the
+DataFrame into an RDD of :class:`~sparkdl.data.records.ArrayBlock` (one per Arrow batch), which the
 engine stores as shards. :func:`arrow_features` is shared with inference.
 """
 
@@ -16,8 +16,8 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from .errors import InvalidArgumentError
-from .shards import ArrayBlock
+from ..errors import InvalidArgumentError
+from .records import ArrayBlock
 
 __all__ = ["FeatureSource", "feature_source", "feature_expression", "arrow_features",
            "to_blocks", "arrays_to_dataframe", "FEATURES_FIELD", "LABEL_FIELD"]

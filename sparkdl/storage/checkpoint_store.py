@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 from .hadoop_files import hadoop_path, java_error_line, read_bytes, write_bytes
 
 __all__ = ["CheckpointStore", "FORMAT_VERSION"]

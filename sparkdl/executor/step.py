@@ -1,37 +1,42 @@
-"""What one task computes on its cached partition (executor side).
+"""What one task computes on its partition's shard (executor side; also called in process).
 
-``local_gradient`` draws the partition's share of the global batch, runs forward and backward on
-the worker's replica (optionally in micro-batches) and returns the flat vector
+:func:`compute_gradient` draws the partition's share of the global batch, runs forward and
+backward on the replica (optionally in micro-batches) and returns the flat vector
 ``[ (|B_i| / |B|) * grad of the mean loss on B_i , (|B_i| / |B|) * buffers ]``, so that the sum of
 these vectors over all partitions is exactly the gradient on the union batch ``B`` followed by the
-sample-weighted average of the replicas' buffers. ``local_evaluation`` computes validation metric
-sums on a partition.
+sample-weighted average of the replicas' buffers. :func:`compute_metric_sums` computes validation
+metric sums over a whole partition. Neither knows how it was reached (a Spark task, a plain call):
+:mod:`sparkdl.executor.tasks` wraps them for Spark.
+
+Example::
+
+    vector, report = compute_gradient(step, partition, shard, replica, weights)
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
-from .batching import task_seed
-from .metrics import ValidationMetric
+from ..data.batch_plan import task_seed
+from ..metrics import ValidationMetric
 from .process_memory import current_rss_bytes
-from .replica import Replica, set_task_threads
-from .shards import Shard, open_shard
+from .replicas import Replica
+from .shard_store import Shard
 
-__all__ = ["StepSpec", "TaskReport", "local_gradient", "local_evaluation"]
+__all__ = ["StepSpec", "TaskReport", "compute_gradient", "compute_metric_sums",
+           "set_task_threads"]
 
 
 @dataclass(frozen=True)
 class StepSpec:
-    """One iteration's instructions to every task (small; shipped in the job's closure)."""
+    """One iteration's instructions to every task (small; shipped in the job's closure):
+    which samples each partition takes and how to weight them."""
 
-    run_key: str
-    data_key: str
     seed: int
     shuffle: bool
     iteration: int
@@ -57,6 +62,16 @@ class TaskReport:
     finished_at: float = 0.0   # ... and when its vector was ready
 
 
+def set_task_threads() -> None:
+    """Use as many torch threads as Spark gave the task cores (``spark.task.cpus``)."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    cpus = ctx.cpus() if ctx is not None else 1
+    if torch.get_num_threads() != cpus:
+        torch.set_num_threads(max(1, int(cpus)))
+
+
 def _to_tensors(features: Sequence[np.ndarray], labels: np.ndarray
                 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     return [torch.from_numpy(f) for f in features], torch.from_numpy(labels)
@@ -68,43 +83,42 @@ def _chunks(indices: np.ndarray, size: int | None) -> list[np.ndarray]:
     return [indices[k:k + size] for k in range(0, len(indices), size)]
 
 
-def local_gradient(spec: StepSpec, partition: int, replica_getter: Any, weights: np.ndarray
-                   ) -> tuple[np.ndarray | None, TaskReport]:
-    """The weighted local gradient (and buffers) of ``partition``; None when there is none."""
-    from pyspark import TaskContext
+def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
+                     replica_of: Callable[[], Replica], weights: np.ndarray, attempt: int = 0
+                     ) -> tuple[np.ndarray | None, TaskReport]:
+    """The weighted local gradient (and buffers) of ``partition``; None when it has no share.
 
-    ctx = TaskContext.get()
-    report = TaskReport(partition=partition, attempt=ctx.attemptNumber() if ctx else 0,
-                        started_at=time.time())
-    count = int(spec.counts[partition])
+    ``shard`` is None when the partition's data is not where this task runs (reported as
+    ``missing_shard``); ``replica_of()`` gives the replica (only called when there is work).
+    """
+    report = TaskReport(partition=partition, attempt=attempt, started_at=time.time())
+    count = int(step.counts[partition])
     report.count = count
     if count == 0:
         return None, report
-    shard = open_shard(spec.data_key, partition)
     if shard is None:
         report.missing_shard = True
         return None, report
     t0 = time.perf_counter()
-    set_task_threads()
-    replica: Replica = replica_getter()
+    replica: Replica = replica_of()
     model, layout = replica.model, replica.layout
     layout.load_weights(model, weights)
     model.train()
     model.zero_grad(set_to_none=True)
-    torch.manual_seed(task_seed(spec.seed, spec.iteration, partition))
-    start = int(spec.starts[partition])
-    indices = shard.permutation(spec.seed, spec.epoch, partition, spec.shuffle)[start:start + count]
+    torch.manual_seed(task_seed(step.seed, step.iteration, partition))
+    start = int(step.starts[partition])
+    indices = shard.permutation(step.seed, step.epoch, partition, step.shuffle)[start:start + count]
     mean = replica.reduction == "mean"
     loss_sum = 0.0
-    for chunk in _chunks(indices, spec.micro_batch_size):
+    for chunk in _chunks(indices, step.micro_batch_size):
         inputs, target = _to_tensors(*shard.take(chunk))
         loss = replica.criterion(model(*inputs), target)
-        weight = len(chunk) / spec.batch_size if mean else 1.0
+        weight = len(chunk) / step.batch_size if mean else 1.0
         (loss * weight).backward()
         loss_sum += float(loss.detach()) * weight
     vector = np.empty(layout.size, dtype=layout.numpy_dtype)
     layout.write_grads(model, vector)
-    layout.write_buffers(model, vector, count / spec.batch_size)
+    layout.write_buffers(model, vector, count / step.batch_size)
     report.loss = loss_sum
     report.compute_s = time.perf_counter() - t0
     report.rss_bytes = current_rss_bytes()
@@ -112,14 +126,12 @@ def local_gradient(spec: StepSpec, partition: int, replica_getter: Any, weights:
     return vector, report
 
 
-def local_evaluation(data_key: str, partition: int, replica: Replica, weights: np.ndarray,
-                     metrics: Sequence[ValidationMetric], batch_size: int
-                     ) -> tuple[list[np.ndarray] | None, int]:
-    """Metric sums over all of ``partition``'s validation samples (None if its shard is gone)."""
-    shard: Shard | None = open_shard(data_key, partition)
+def compute_metric_sums(shard: Shard | None, replica: Replica, weights: np.ndarray,
+                        metrics: Sequence[ValidationMetric], batch_size: int
+                        ) -> tuple[list[np.ndarray] | None, int]:
+    """Metric sums over all of a partition's validation samples (None if its shard is gone)."""
     if shard is None:
         return None, 0
-    set_task_threads()
     model = replica.model
     replica.layout.load_weights(model, weights)
     model.eval()

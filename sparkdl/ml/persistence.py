@@ -16,30 +16,52 @@ from typing import Any
 import torch
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
 
-from .errors import InvalidArgumentError
-from .hadoop_files import read_bytes, write_bytes
+from ..errors import InvalidArgumentError
+from ..storage.hadoop_files import read_bytes, write_bytes
 
 __all__ = ["NNStageWriter", "NNStageReader", "NNModelWriter", "NNModelReader"]
+
+
+_RENAMED_MODULES = {"sparkdl.estimator": "sparkdl.ml.estimators"}
+"""Where stages saved by earlier versions of sparkdl live now (sparkdl 0.1 kept the estimators
+in ``sparkdl.estimator``; ``sparkdl/estimator.py`` still answers that name for Pipelines)."""
 
 
 def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__name__}"
 
 
+def _current_name(qualname: str) -> str:
+    module, _, name = qualname.rpartition(".")
+    return f"{_RENAMED_MODULES.get(module, module)}.{name}"
+
+
 def _load_metadata(path: str, sc: Any, cls: type) -> dict[str, Any]:
     metadata = DefaultParamsReader.loadMetadata(path, sc)
-    if metadata["class"] != _qualname(cls):
+    if _current_name(metadata["class"]) != _qualname(cls):
         raise InvalidArgumentError(f"{path} holds a {metadata['class']}, not a "
                                    f"{_qualname(cls)}; load it with that class.")
     return metadata
 
 
-class NNStageWriter(MLWriter):
-    """Writes an unfitted estimator."""
+class _StageWriter(MLWriter):
+    """An MLWriter of one stage instance."""
 
     def __init__(self, instance: Any) -> None:
         super().__init__()
         self.instance = instance
+
+
+class _StageReader(MLReader):
+    """An MLReader that builds instances of one class."""
+
+    def __init__(self, cls: type) -> None:
+        super().__init__()
+        self.cls = cls
+
+
+class NNStageWriter(_StageWriter):
+    """Writes an unfitted estimator."""
 
     def saveImpl(self, path: str) -> None:
         from pyspark import cloudpickle
@@ -51,12 +73,8 @@ class NNStageWriter(MLWriter):
         write_bytes(self.sc, path, cloudpickle.dumps(objects), "objects.pkl")
 
 
-class NNStageReader(MLReader):
+class NNStageReader(_StageReader):
     """Reads an estimator written by :class:`NNStageWriter`."""
-
-    def __init__(self, cls: type) -> None:
-        super().__init__()
-        self.cls = cls
 
     def load(self, path: str) -> Any:
         metadata = _load_metadata(path, self.sc, self.cls)
@@ -69,12 +87,8 @@ class NNStageReader(MLReader):
         return instance
 
 
-class NNModelWriter(MLWriter):
+class NNModelWriter(_StageWriter):
     """Writes a fitted model: metadata, weights.pt, module.pkl."""
-
-    def __init__(self, instance: Any) -> None:
-        super().__init__()
-        self.instance = instance
 
     def saveImpl(self, path: str) -> None:
         from pyspark import cloudpickle
@@ -91,12 +105,8 @@ class NNModelWriter(MLWriter):
                     "module.pkl")
 
 
-class NNModelReader(MLReader):
+class NNModelReader(_StageReader):
     """Reads a model written by :class:`NNModelWriter`."""
-
-    def __init__(self, cls: type) -> None:
-        super().__init__()
-        self.cls = cls
 
     def load(self, path: str) -> Any:
         import pandas as pd

@@ -2,7 +2,7 @@
 
 Example::
 
-    from sparkdl.model_zoo import lenet5, mlp
+    from sparkdl.datasets import lenet5, mlp
     net = lenet5()                  # 1x28x28 images -> 10 logits
     wide = mlp([784, 4096, 4096, 10])
 """

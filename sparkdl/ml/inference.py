@@ -8,39 +8,35 @@ rows cut from Spark's Arrow batches.
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from .dataframe_arrays import FeatureSource, arrow_features
-from .worker_gc import freeze_long_lived
+from ..data.dataframe_arrays import FeatureSource, arrow_features
+from ..executor.step import set_task_threads
+from ..executor.worker_cache import WorkerCache
 
 __all__ = ["predict_column"]
 
-_MODELS: "OrderedDict[str, torch.nn.Module]" = OrderedDict()
-_MAX_MODELS = 4
+# Models unpickled in this Python worker, by the hash of their bytes (executor side).
+_MODELS: WorkerCache[torch.nn.Module] = WorkerCache(capacity=4, freeze=True)
 
 
-def _cached_model(key: str, payload: bytes) -> torch.nn.Module:
-    model = _MODELS.get(key)
-    if model is None:
-        import pickle
+def _unpickled_for_inference(payload: bytes) -> torch.nn.Module:
+    import pickle
 
-        model = pickle.loads(payload)
-        model.eval()
-        _MODELS[key] = model
-        while len(_MODELS) > _MAX_MODELS:
-            _MODELS.popitem(last=False)
-        freeze_long_lived()
+    model = pickle.loads(payload)
+    model.eval()
     return model
 
 
-def _outputs(model: torch.nn.Module, x: np.ndarray, batch_size: int) -> np.ndarray:
-    from .replica import set_task_threads
+def _cached_model(key: str, payload: bytes) -> torch.nn.Module:
+    return _MODELS.get_or_create(key, lambda: _unpickled_for_inference(payload))
 
+
+def _outputs(model: torch.nn.Module, x: np.ndarray, batch_size: int) -> np.ndarray:
     set_task_threads()
     chunks = []
     with torch.no_grad():

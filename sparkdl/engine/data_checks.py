@@ -1,8 +1,13 @@
-"""Checks of the engine's arguments and of the data, with one message style.
+"""Checks of the training and validation data, before the first iteration (driver side).
 
-Arguments are checked when the engine is constructed (before any cluster work); the data is
-checked from the per-partition summaries of the shard-building job, and the model and criterion
-are tried on a few real samples on the driver, all before the first iteration.
+The data is checked from the per-partition summaries of the shard-building job (no data comes to
+the driver but a few samples), and the model and criterion are tried on those samples on the
+driver.
+
+Example::
+
+    spec = summarize(train.summaries, "training")      # raises TrainingDataError
+    dry_run(model, criterion, spec, "training")        # raises ModelCriterionMismatchError
 """
 
 from __future__ import annotations
@@ -15,89 +20,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from .errors import InvalidArgumentError, ModelCriterionMismatchError, TrainingDataError
-from .shards import ShardSummary
+from ..errors import ModelCriterionMismatchError, TrainingDataError
+from ..executor.shard_store import ShardSummary
 
-__all__ = [
-    "DataSpec",
-    "argument_error",
-    "check_type",
-    "check_positive_int",
-    "check_rdd",
-    "check_criterion",
-    "check_optimizer",
-    "summarize",
-    "dry_run",
-]
+__all__ = ["DataSpec", "summarize", "dry_run"]
 
 _CLASS_INDEX_CRITERIA = (nn.CrossEntropyLoss, nn.NLLLoss)
 _SAME_SHAPE_CRITERIA = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss,
                         nn.BCELoss, nn.BCEWithLogitsLoss)
-
-
-def argument_error(name: str, owner: str, expected: str, got: Any) -> InvalidArgumentError:
-    """The one message template: "The 'x' argument of Y must be ... Got ... instead."."""
-    shown = f"{type(got).__name__} {got!r}" if not isinstance(got, (int, float, str)) else repr(got)
-    if len(shown) > 200:
-        shown = shown[:200] + "..."
-    return InvalidArgumentError(f"The '{name}' argument of {owner} must be {expected}. "
-                                f"Got {shown} instead.")
-
-
-def check_type(name: str, owner: str, value: Any, types: Any, expected: str) -> Any:
-    if not isinstance(value, types):
-        raise argument_error(name, owner, expected, value)
-    return value
-
-
-def check_positive_int(name: str, owner: str, value: Any, allow_none: bool = False) -> Any:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise argument_error(name, owner, "a positive int" + (" or None" if allow_none else ""),
-                             value)
-    return int(value)
-
-
-def check_rdd(name: str, owner: str, value: Any) -> Any:
-    from pyspark import RDD
-
-    if isinstance(value, RDD):
-        return value
-    hint = ""
-    if type(value).__name__ == "DataFrame":
-        hint = (" For a DataFrame use sparkdl.NNEstimator, or pass "
-                "df.rdd.map(lambda row: (features, label)).")
-    raise InvalidArgumentError(
-        f"The '{name}' argument of {owner} must be a pyspark RDD of (features, label) pairs. "
-        f"Got {type(value).__name__} instead.{hint}")
-
-
-def check_criterion(owner: str, criterion: Any) -> str:
-    """The criterion's reduction ('mean' or 'sum')."""
-    if not callable(criterion):
-        raise argument_error("criterion", owner, "a callable loss such as "
-                             "torch.nn.CrossEntropyLoss()", criterion)
-    reduction = getattr(criterion, "reduction", "mean")
-    if reduction not in ("mean", "sum"):
-        raise InvalidArgumentError(
-            f"The 'criterion' argument of {owner} must reduce to a scalar (reduction 'mean' or "
-            f"'sum'). Got reduction={reduction!r} instead.")
-    return reduction
-
-
-def check_optimizer(owner: str, optimizer: Any, model: nn.Module) -> None:
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise argument_error("optimizer", owner, "a torch.optim.Optimizer built over "
-                             "model.parameters()", optimizer)
-    own = {id(p) for p in model.parameters()}
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if id(p) not in own:
-                raise InvalidArgumentError(
-                    f"The 'optimizer' argument of {owner} must be built over the model's own "
-                    "parameters (torch.optim.X(model.parameters(), ...)); it holds a tensor of "
-                    f"shape {tuple(p.shape)} that is not a parameter of the model.")
 
 
 @dataclass

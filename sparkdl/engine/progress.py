@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
 from .summary import IterationRecord, ValidationRecord
 
 __all__ = ["ProgressReporter", "ConsoleBar", "NotebookBar", "TensorBoardSink", "check_tensorboard",

@@ -13,7 +13,7 @@ how the sum is made. Two ways exist:
 
 Both sum in the same order (partition 0, 1, 2, ...), so they give bitwise the same result, and a
 retried task or a recomputed partition cannot change it. Vectors travel as unpickled byte frames
-(:mod:`sparkdl.spark_frames`): a small pickled header, then the raw buffer, which leaves numpy
+(:mod:`sparkdl.transport.frames`): a small pickled header, then the raw buffer, which leaves numpy
 without a copy and reaches the other side as one ``bytes`` object.
 """
 
@@ -26,12 +26,12 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 from pyspark import RDD
 
-from .local_step import TaskReport
-from .spark_frames import keyed_frame, message_frames, raw_output, read_messages, shuffle_frames
-from .wire_codec import ExactCodec
+from .codecs import ExactCodec, make_codec
+from .flat_layout import ParamLayout
+from .frames import keyed_frame, message_frames, raw_output, read_messages, shuffle_frames
 
 __all__ = ["AllReduceResult", "ShuffleAllReduce", "DriverAllReduce", "block_bounds",
-           "choose_allreduce", "DRIVER_ALLREDUCE_MAX_BYTES"]
+           "choose_allreduce", "make_allreduce", "sum_in_order", "DRIVER_ALLREDUCE_MAX_BYTES"]
 
 DRIVER_ALLREDUCE_MAX_BYTES = 64 << 20
 """``allreduce="auto"`` sums at the driver while the driver would receive at most this many bytes
@@ -49,7 +49,10 @@ def choose_allreduce(vector_bytes: int, num_partitions: int) -> str:
     return "driver" if vector_bytes * num_partitions <= DRIVER_ALLREDUCE_MAX_BYTES else "shuffle"
 
 
-LocalFn = Callable[[int, Any], "tuple[np.ndarray | None, TaskReport]"]
+LocalFn = Callable[[int, Any], "tuple[np.ndarray | None, Any]"]
+"""A task's function: ``(partition, index record) -> (vector or None, report)``; the report is
+carried to the driver as is (it needs a ``partition`` attribute, and ``started_at`` /
+``finished_at`` / ``missing_shard`` for the timeline; :class:`sparkdl.executor.step.TaskReport`)."""
 
 
 @dataclass
@@ -58,11 +61,13 @@ class AllReduceResult:
 
     Wall-clock instants (``time.time()``, comparable across machines only as far as their clocks
     agree): the job's submission, the last reducer's start and end (both 0 without a reduce
-    stage), and the results' arrival at the driver."""
+    stage), and the results' arrival at the driver. ``broadcast_s``: creating the weights'
+    broadcast (set by the runner that made one)."""
 
     vector: np.ndarray | None
-    reports: list[TaskReport] = field(default_factory=list)
+    reports: list[Any] = field(default_factory=list)
     reduce_s: float = 0.0
+    broadcast_s: float = 0.0
     submitted_at: float = 0.0
     reduce_started_at: float = 0.0
     reduce_finished_at: float = 0.0
@@ -95,8 +100,10 @@ def block_bounds(size: int, num_blocks: int) -> np.ndarray:
     return (np.arange(k + 1, dtype=np.int64) * size) // k
 
 
-def _sum_in_order(parts: Iterable[tuple[int, bytes | None]], codec: Any, lo: int,
-                  length: int) -> np.ndarray | None:
+def sum_in_order(parts: Iterable[tuple[int, Any]], codec: Any, lo: int, length: int
+                 ) -> np.ndarray | None:
+    """The sum of the decoded payloads of ``(partition, payload)`` pairs, added in partition
+    order (the order that makes every path bitwise equal); None payloads are skipped."""
     acc: np.ndarray | None = None
     for _, payload in sorted(parts, key=lambda p: p[0]):
         if payload is None:
@@ -116,7 +123,7 @@ class ShuffleAllReduce:
         size: length of the vectors.
         dtype: their numpy dtype.
         num_blocks: number of blocks, i.e. of reduce partitions.
-        codec: how blocks travel (:mod:`sparkdl.wire_codec`); default exact.
+        codec: how blocks travel (:mod:`sparkdl.transport.codecs`); default exact.
     """
 
     def __init__(self, size: int, dtype: np.dtype, num_blocks: int, codec: Any = None) -> None:
@@ -145,7 +152,7 @@ class ShuffleAllReduce:
                 parts.append((partition, payload))
                 if report is not None:
                     reports.append(report)
-            total = _sum_in_order(parts, codec, int(bounds[k]), int(bounds[k + 1] - bounds[k]))
+            total = sum_in_order(parts, codec, int(bounds[k]), int(bounds[k + 1] - bounds[k]))
             yield from message_frames(
                 (k, reports, time.perf_counter() - t0, started_at, time.time()), total)
 
@@ -187,7 +194,19 @@ class DriverAllReduce:
         frames = raw_output(index_rdd.mapPartitionsWithIndex(map_side)).collect()
         returned_at, t0 = time.time(), time.perf_counter()
         messages = list(read_messages(frames))
-        vector = _sum_in_order(((r.partition, b) for r, b in messages), codec, 0, self.size)
+        vector = sum_in_order(((r.partition, b) for r, b in messages), codec, 0, self.size)
         reports = sorted((r for r, _ in messages), key=lambda r: r.partition)
         return AllReduceResult(vector, reports, time.perf_counter() - t0,
                                submitted_at=submitted_at, returned_at=returned_at)
+
+
+def make_allreduce(layout: ParamLayout, path: str, num_partitions: int,
+                   num_blocks: int | None = None, compression: str | None = None
+                   ) -> "ShuffleAllReduce | DriverAllReduce":
+    """The AllReduce for ``path`` ("auto", "shuffle" or "driver") over vectors of ``layout``."""
+    codec = make_codec(compression, layout.numpy_dtype, layout.num_param_values)
+    if path == "auto":
+        path = choose_allreduce(layout.size * layout.numpy_dtype.itemsize, num_partitions)
+    if path == "driver":
+        return DriverAllReduce(layout.size, layout.numpy_dtype, codec)
+    return ShuffleAllReduce(layout.size, layout.numpy_dtype, num_blocks or num_partitions, codec)

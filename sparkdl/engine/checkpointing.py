@@ -1,0 +1,127 @@
+"""Checkpoints of a run and resuming from them (driver side).
+
+A checkpoint holds the model, optimizer and scheduler states, the iteration and epoch, torch's
+RNG state and the summary so far (:class:`sparkdl.storage.checkpoint_store.CheckpointStore`
+writes it atomically). Resuming checks, before any cluster work, that the newest checkpoint
+belongs to this model (class and parameter shapes), and, once the data is known, that it was
+written by a run with the same seed, batch size, shuffling and partition sizes: only then does
+the resumed run reproduce the interrupted one bitwise.
+
+Example::
+
+    checkpoints = Checkpoints(CheckpointSetup(path, EveryEpoch(), 3, True), store)
+    state = checkpoints.latest(model)          # None, or the newest checkpoint's state
+    checkpoints.restore(ctx, state)            # after the plan is known
+    checkpoints.write(ctx)                     # whenever the trigger fires
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError
+from ..storage.checkpoint_store import FORMAT_VERSION, CheckpointStore
+from ..triggers import Trigger
+from .run_context import RunContext
+from .summary import IterationRecord, TrainingSummary, ValidationRecord
+
+__all__ = ["CheckpointSetup", "Checkpoints"]
+
+log = logging.getLogger("sparkdl")
+
+
+@dataclass(frozen=True)
+class CheckpointSetup:
+    """What :meth:`sparkdl.DistriOptimizer.set_checkpoint` asked for."""
+
+    path: str
+    trigger: Trigger
+    keep_last: int
+    resume: bool
+
+
+def _model_class(model: nn.Module) -> str:
+    return f"{type(model).__module__}.{type(model).__qualname__}"
+
+
+def _model_signature(model: nn.Module) -> list[list[Any]]:
+    return [[name, list(t.shape)] for name, t in model.state_dict().items()]
+
+
+class Checkpoints:
+    """Writes a run's checkpoints to ``store`` and resumes from them."""
+
+    def __init__(self, setup: CheckpointSetup, store: CheckpointStore) -> None:
+        self.setup = setup
+        self.store = store
+
+    def latest(self, model: nn.Module) -> dict[str, Any] | None:
+        """The newest checkpoint to resume from, checked against ``model`` (no cluster work)."""
+        if not self.setup.resume:
+            return None
+        iterations = self.store.iterations()
+        if not iterations:
+            return None
+        state = self.store.read(iterations[-1])
+        name = self.store.file_name(iterations[-1])
+        if state.get("model_class") != _model_class(model):
+            raise CheckpointError(f"The checkpoint {name} is of a model of class "
+                                  f"{state.get('model_class')}, not {_model_class(model)}.")
+        theirs = state.get("model_signature", [])
+        ours = _model_signature(model)
+        if theirs != ours:
+            diff = next(((a, b) for a, b in zip(theirs, ours) if a != b),
+                        (theirs[len(ours):len(ours) + 1] or ["(none)"],
+                         ours[len(theirs):len(theirs) + 1] or ["(none)"]))
+            raise CheckpointError(f"The checkpoint {name} belongs to a different model: it has "
+                                  f"{diff[0]} where this model has {diff[1]}.")
+        return state
+
+    def restore(self, ctx: RunContext, state: dict[str, Any]) -> None:
+        """Put ``state`` into the run, after checking that it was written by the same kind of
+        run (seed, batch size, shuffling, partition sizes)."""
+        name = self.store.file_name(int(state["iteration"]))
+        for key, value in ctx.settings.reproducibility_key(ctx.plan).items():
+            if state["run"].get(key) != value:
+                raise CheckpointError(
+                    f"The checkpoint {name} was written by a run with {key}="
+                    f"{state['run'].get(key)}, but this run has {key}={value}: resuming would not "
+                    "reproduce the interrupted run. Use the same data partitioning and settings, "
+                    "or a new checkpoint directory.")
+        ctx.model.load_state_dict(state["model_state"])
+        ctx.optimizer.load_state_dict(state["optimizer_state"])
+        if ctx.lr_scheduler is not None and state.get("scheduler_state") is not None:
+            ctx.lr_scheduler.load_state_dict(state["scheduler_state"])
+        torch.set_rng_state(state["torch_rng_state"])
+        ctx.iteration = int(state["iteration"])
+        ctx.summary = TrainingSummary(
+            [IterationRecord(**r) for r in state["summary"]["iterations"]],
+            [ValidationRecord(**v) for v in state["summary"]["validations"]])
+        log.warning("resuming from checkpoint %s: iteration %d, epoch %d", name, ctx.iteration,
+                    ctx.iteration // ctx.plan.iterations_per_epoch)
+
+    def write(self, ctx: RunContext) -> str:
+        """Write the run's whole state now; returns the checkpoint's path."""
+        state = {
+            "format_version": FORMAT_VERSION,
+            "model_class": _model_class(ctx.model),
+            "model_signature": _model_signature(ctx.model),
+            "model_state": {k: v.detach().clone() for k, v in ctx.model.state_dict().items()},
+            "optimizer_state": ctx.optimizer.state_dict(),
+            "scheduler_state": (ctx.lr_scheduler.state_dict()
+                                if ctx.lr_scheduler is not None else None),
+            "iteration": ctx.iteration,
+            "epoch": ctx.iteration // ctx.plan.iterations_per_epoch,
+            "run": ctx.settings.reproducibility_key(ctx.plan),
+            "torch_rng_state": torch.get_rng_state(),
+            "summary": {"iterations": [asdict(r) for r in ctx.summary.iterations],
+                        "validations": [asdict(v) for v in ctx.summary.validations]},
+        }
+        path = self.store.write(ctx.iteration, state, self.setup.keep_last)
+        log.info("checkpoint written: %s", path)
+        return path

@@ -1,0 +1,287 @@
+"""``DistriOptimizer``: the engine's public API (driver side).
+
+It checks every argument when constructed (before any cluster work), records what
+``set_validation`` / ``set_checkpoint`` / ``set_tensorboard`` ask for, and in :meth:`optimize`
+builds one :class:`~sparkdl.engine.run_context.RunContext` and hands it to the
+:class:`~sparkdl.engine.training_loop.TrainingLoop`. Where the jobs run is the runner's business
+(:mod:`sparkdl.runners.interface`): an RDD runs on its SparkContext
+(:mod:`sparkdl.runners.spark_rdd`), :class:`sparkdl.runners.LocalPartitions` in process.
+
+One iteration (see docs/architecture.md):
+
+1. the driver ships the current weights (one flat vector) to every task;
+2. each task takes its partition's share of the global batch from the shard cached on its
+   executor, loads the weights into the model replica kept in its Python worker and computes
+   ``(|B_i| / |B|) * grad of the mean loss on B_i`` (plus its buffers, weighted the same way);
+3. the AllReduce sums those vectors over partitions in partition order, and the driver gets the
+   sum;
+4. the driver puts the sum into ``p.grad`` and calls the user's own ``optimizer.step()`` (and
+   ``lr_scheduler.step()``), exactly as single-process PyTorch would on the union batch.
+
+Model buffers (BatchNorm running statistics) are not gradients. The rule: every task runs its
+forward passes in training mode starting from the broadcast buffers, and after the iteration the
+model's buffers become the sample-weighted average of the tasks' buffers (integer buffers such as
+``num_batches_tracked`` rounded). With one partition this is exactly single-process training;
+BatchNorm's batch statistics are per task (per micro-batch), as in PyTorch DDP without SyncBN.
+
+Randomness: batches come from :class:`~sparkdl.data.batch_plan.BatchPlan`; random layers
+(dropout) in task ``i`` of iteration ``t`` draw from torch's generator seeded with
+``task_seed(seed, t, i)``. So the run's ``seed`` fixes every random choice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from ..argument_checks import (argument_error, check_choice, check_int, check_positive_int,
+                               check_type)
+from ..data.batch_plan import BatchPlan
+from ..errors import CheckpointError, InvalidArgumentError
+from ..executor.replicas import ReplicaSpec
+from ..metrics import ValidationMetric
+from ..storage.checkpoint_store import CheckpointStore
+from ..transport.codecs import COMPRESSIONS
+from ..transport.flat_layout import ParamLayout
+from ..triggers import MaxEpoch, Trigger
+from .arguments import (check_criterion, check_lr_scheduler, check_optimizer,
+                        check_training_data)
+from .checkpointing import CheckpointSetup, Checkpoints
+from .data_checks import DataSpec, dry_run, summarize
+from .progress import check_tensorboard
+from .run_context import RunContext, RunSettings
+from ..runners.interface import RunnerOptions
+from .summary import TrainingSummary
+from .training_loop import TrainingLoop
+from .validation import Validation
+
+__all__ = ["DistriOptimizer"]
+
+log = logging.getLogger("sparkdl")
+
+_OWNER = "DistriOptimizer"
+
+
+class DistriOptimizer:
+    """Train a PyTorch model with synchronous data-parallel mini-batch SGD on a Spark RDD.
+
+    The result equals single-process PyTorch trained on the same global batches (see
+    :class:`sparkdl.BatchPlan` for how batches are drawn), up to float rounding, and
+    two runs with the same seed and partitioning give bitwise-identical weights.
+
+    Args:
+        model: the ``nn.Module`` to train; it is trained in place and returned by :meth:`optimize`.
+        training_rdd: RDD of ``(features, label)``; features a numpy array (or a tuple of arrays
+            for a multi-input model), label a scalar or an array. Floating values are stored in
+            the model's parameter dtype, integers as int64. A
+            :class:`sparkdl.runners.LocalPartitions` instead runs the same loop in this
+            process, without Spark (bitwise the same result on the same partitions).
+        criterion: a loss with reduction ``'mean'`` (the default of torch's losses) or ``'sum'``.
+        optimizer: a ``torch.optim.Optimizer`` built over ``model.parameters()``.
+        batch_size: the global mini-batch size (any positive int).
+        end_trigger: when to stop; default ``MaxEpoch(1)``.
+        seed: fixes every random choice (the per-partition shuffles).
+        lr_scheduler: any torch LR scheduler over ``optimizer``.
+        lr_scheduler_step: ``"epoch"`` (default) steps the scheduler after each epoch,
+            ``"iteration"`` after each iteration.
+        micro_batch_size: accumulate each task's gradient over micro-batches of this size
+            (bounds a task's memory; same result).
+        shuffle: reshuffle each partition every epoch (default) or visit it in stored order.
+        allreduce: ``"auto"`` (default) picks ``"driver"`` for small models and ``"shuffle"``
+            otherwise (see :func:`choose_allreduce`); ``"shuffle"``: block-sharded through a
+            Spark shuffle (BigDL's design); ``"driver"``: tasks return whole gradients and the
+            driver sums them (one stage). All give bitwise the same result.
+        compression: ``None`` (default, exact) or ``"bf16"``: gradients travel rounded to
+            bfloat16 (half the bytes; sums still formed in full precision; buffers exact).
+        num_blocks: number of gradient blocks / reduce partitions of the shuffle; default the
+            number of partitions of ``training_rdd``.
+
+    Example::
+
+        from sparkdl import DistriOptimizer
+        from sparkdl.triggers import MaxEpoch
+        net = torch.nn.Sequential(torch.nn.Linear(4, 3))
+        rdd = sc.parallelize([(np.random.rand(4).astype("float32"), i % 3) for i in range(600)], 2)
+        opt = DistriOptimizer(model=net, training_rdd=rdd, criterion=torch.nn.CrossEntropyLoss(),
+                              optimizer=torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
+                              batch_size=64, end_trigger=MaxEpoch(5), seed=0)
+        trained = opt.optimize()
+        opt.summary.to_pandas()
+    """
+
+    def __init__(self, model: nn.Module, training_rdd: Any, criterion: Any,
+                 optimizer: torch.optim.Optimizer, batch_size: int,
+                 end_trigger: Trigger | None = None, seed: int = 0,
+                 lr_scheduler: Any = None, lr_scheduler_step: str = "epoch",
+                 micro_batch_size: int | None = None, shuffle: bool = True,
+                 allreduce: str = "auto", num_blocks: int | None = None,
+                 progress_bar: bool | None = None, compression: str | None = None) -> None:
+        self.model = check_type("model", _OWNER, model, nn.Module, "a torch.nn.Module")
+        self.training_rdd = check_training_data("training_rdd", _OWNER, training_rdd)
+        self.reduction = check_criterion(_OWNER, criterion)
+        self.criterion = criterion
+        self.optimizer = check_optimizer(_OWNER, optimizer, model)
+        self.end_trigger = check_type("end_trigger", _OWNER,
+                                      end_trigger if end_trigger is not None else MaxEpoch(1),
+                                      Trigger, "a sparkdl.triggers.Trigger such as MaxEpoch(5)")
+        self.lr_scheduler = check_lr_scheduler(_OWNER, lr_scheduler, optimizer)
+        if progress_bar is not None and not isinstance(progress_bar, bool):
+            raise argument_error("progress_bar", _OWNER, "True, False or None (automatic)",
+                                 progress_bar)
+        self.settings = RunSettings(
+            batch_size=check_positive_int("batch_size", _OWNER, batch_size),
+            seed=check_int("seed", _OWNER, seed),
+            shuffle=check_type("shuffle", _OWNER, shuffle, bool, "a bool"),
+            micro_batch_size=check_positive_int("micro_batch_size", _OWNER, micro_batch_size,
+                                                allow_none=True),
+            lr_scheduler_step=check_choice("lr_scheduler_step", _OWNER, lr_scheduler_step,
+                                           ("epoch", "iteration")),
+            runner_options=RunnerOptions(
+                allreduce=check_choice("allreduce", _OWNER, allreduce,
+                                       ("auto", "shuffle", "driver")),
+                num_blocks=check_positive_int("num_blocks", _OWNER, num_blocks, allow_none=True),
+                compression=check_choice("compression", _OWNER, compression, COMPRESSIONS)),
+            progress_bar=progress_bar)
+        self.layout = ParamLayout(model)
+        self._validation: Validation | None = None
+        self._checkpoint_setup: CheckpointSetup | None = None
+        self.summary = TrainingSummary()
+        self.iteration = 0
+        self.data_spec: DataSpec | None = None
+
+    @property
+    def batch_size(self) -> int:
+        """The global mini-batch size (may be set before :meth:`optimize`)."""
+        return self.settings.batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: int) -> None:
+        self.settings = dataclasses.replace(
+            self.settings, batch_size=check_positive_int("batch_size", _OWNER, value))
+
+    @property
+    def seed(self) -> int:
+        """The run's seed (may be set before :meth:`optimize`)."""
+        return self.settings.seed
+
+    @seed.setter
+    def seed(self, value: int) -> None:
+        self.settings = dataclasses.replace(self.settings, seed=check_int("seed", _OWNER, value))
+
+    def set_validation(self, rdd: Any, trigger: Trigger,
+                       metrics: Sequence[ValidationMetric],
+                       batch_size: int = 1024) -> "DistriOptimizer":
+        """Evaluate ``metrics`` on ``rdd`` whenever ``trigger`` fires (results in the summary
+        and the log).
+
+        Example: ``opt.set_validation(val_rdd, EveryEpoch(), [Top1Accuracy(), Loss()])``.
+        """
+        owner = f"{_OWNER}.set_validation"
+        check_training_data("rdd", owner, rdd)
+        check_type("trigger", owner, trigger, Trigger, "a sparkdl.triggers.Trigger")
+        if isinstance(metrics, ValidationMetric):
+            metrics = [metrics]
+        if not metrics or not all(isinstance(m, ValidationMetric) for m in metrics):
+            raise argument_error("metrics", owner, "a non-empty list of "
+                                 "sparkdl.metrics.ValidationMetric", metrics)
+        self._validation = Validation(rdd, trigger, list(metrics),
+                                      check_positive_int("batch_size", owner, batch_size))
+        return self
+
+    def set_checkpoint(self, path: str, trigger: Trigger, keep_last: int = 3,
+                       resume: bool = True) -> "DistriOptimizer":
+        """Write the whole training state to ``path`` whenever ``trigger`` fires.
+
+        A checkpoint holds the model, optimizer and scheduler states, the iteration and epoch,
+        torch's RNG state and the summary so far; it is written atomically (temporary file, then
+        rename) through Spark's Hadoop FileSystem (``hdfs://``, ``s3a://``, ``file://`` or a plain
+        path). Only the newest ``keep_last`` are kept. With ``resume=True`` (the default),
+        :meth:`optimize` continues from the newest checkpoint already in ``path``, to the same
+        result as an uninterrupted run; with ``resume=False`` the directory must hold none.
+        The directory is checked for writing now, before any cluster work.
+
+        Example: ``opt.set_checkpoint("hdfs:///ckpt/run1", EveryEpoch(), keep_last=2)``.
+        """
+        owner = f"{_OWNER}.set_checkpoint"
+        if not isinstance(path, str) or not path.strip():
+            raise argument_error("path", owner, "a non-empty directory path or URI", path)
+        check_type("trigger", owner, trigger, Trigger,
+                   "a sparkdl.triggers.Trigger such as EveryEpoch()")
+        keep_last = check_positive_int("keep_last", owner, keep_last)
+        check_type("resume", owner, resume, bool, "a bool")
+        store = self._checkpoint_store(path)
+        store.check_writable()
+        if not resume and store.iterations():
+            raise CheckpointError(
+                f"The checkpoint directory {path!r} already holds checkpoints "
+                f"(iterations {store.iterations()}) and resume=False: choose an empty directory "
+                "or pass resume=True to continue from the newest one.")
+        self._checkpoint_setup = CheckpointSetup(path, trigger, keep_last, resume)
+        return self
+
+    def _checkpoint_store(self, path: str) -> CheckpointStore:
+        sc = getattr(self.training_rdd, "context", None)
+        if sc is None:
+            raise InvalidArgumentError(
+                "Checkpoints are written through Spark's Hadoop file systems; training data "
+                "given as LocalPartitions runs without Spark and cannot write them.")
+        return CheckpointStore(path, sc)
+
+    def set_tensorboard(self, log_dir: str) -> "DistriOptimizer":
+        """Also write training scalars (loss, learning rate, samples/s per iteration) and
+        validation metrics as TensorBoard summaries under ``log_dir`` (a local directory on the
+        driver). Needs the ``tensorboard`` package; checked now.
+
+        Example: ``opt.set_tensorboard("/tmp/tb/run1")``, then ``tensorboard --logdir /tmp/tb``.
+        """
+        owner = f"{_OWNER}.set_tensorboard"
+        if not isinstance(log_dir, str) or not log_dir.strip():
+            raise argument_error("log_dir", owner, "a non-empty directory path", log_dir)
+        check_tensorboard(log_dir)
+        self.settings = dataclasses.replace(self.settings, tensorboard_dir=log_dir)
+        return self
+
+    # ----------------------------------------------------------------------------- training
+    def optimize(self) -> nn.Module:
+        """Train until the end trigger fires; return the trained model (the same object)."""
+        from ..runners import runner_for
+
+        runner = runner_for(self.training_rdd)
+        checkpoints = (Checkpoints(self._checkpoint_setup,
+                                   self._checkpoint_store(self._checkpoint_setup.path))
+                       if self._checkpoint_setup is not None else None)
+        resumed = checkpoints.latest(self.model) if checkpoints is not None else None
+        dtype = self.layout.numpy_dtype.str
+        ctx: RunContext | None = None
+        try:
+            train = runner.load(self.training_rdd, "training", dtype)
+            self.data_spec = summarize(train.summaries, "training")
+            dry_run(self.model, self.criterion, self.data_spec, "training")
+            if self._validation is not None:
+                self._validation.held = runner.load(self._validation.data, "validation", dtype)
+                dry_run(self.model, self.criterion,
+                        summarize(self._validation.held.summaries, "validation"), "validation")
+            plan = BatchPlan(self.data_spec.partition_sizes, self.batch_size, self.seed,
+                             self.settings.shuffle)
+            ctx = RunContext(self.settings, self.model, self.criterion, self.reduction,
+                             self.optimizer, self.lr_scheduler, self.layout, self.end_trigger,
+                             runner, train, plan, self._validation, checkpoints)
+            if resumed is not None:
+                checkpoints.restore(ctx, resumed)  # type: ignore[union-attr]
+            how = runner.start(ReplicaSpec(self.model, self.criterion, self.reduction),
+                               self.layout, self.settings.runner_options, train)
+            log.info("training on %d samples in %d partitions: global batch %d, %d iterations "
+                     "per epoch, %s", plan.num_samples, plan.num_partitions, self.batch_size,
+                     plan.iterations_per_epoch, how)
+            TrainingLoop(ctx).run()
+        finally:
+            if ctx is not None:
+                self.summary, self.iteration = ctx.summary, ctx.iteration
+            if self._validation is not None:
+                self._validation.held = None
+            runner.close()
+        return self.model

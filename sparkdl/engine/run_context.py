@@ -1,0 +1,69 @@
+"""Everything one training run needs, in one object the loop's parts share (driver side).
+
+:class:`RunSettings` holds the user's choices that fix a run's arithmetic and reporting;
+:class:`RunContext` adds the torch objects, the runner and its data, the batch plan, the optional
+validation and checkpointing, and what changes as the run goes (the iteration, the summary).
+:meth:`sparkdl.DistriOptimizer.optimize` builds one and hands it to
+:class:`sparkdl.engine.training_loop.TrainingLoop`.
+
+Example::
+
+    ctx = RunContext(settings, model, criterion, "mean", optimizer, None, ParamLayout(model),
+                     MaxEpoch(1), runner, train, BatchPlan([50, 50], 20, 0))
+    TrainingLoop(ctx).run()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from ..data.batch_plan import BatchPlan
+from ..transport.flat_layout import ParamLayout
+from ..triggers import Trigger
+from ..runners.interface import DataHandle, IterationRunner, RunnerOptions
+from .summary import TrainingSummary
+
+__all__ = ["RunSettings", "RunContext"]
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The user's settings of a run (validated by :class:`sparkdl.DistriOptimizer`)."""
+
+    batch_size: int
+    seed: int = 0
+    shuffle: bool = True
+    micro_batch_size: int | None = None
+    lr_scheduler_step: str = "epoch"
+    runner_options: RunnerOptions = field(default_factory=RunnerOptions)
+    progress_bar: bool | None = None
+    tensorboard_dir: str | None = None
+
+    def reproducibility_key(self, plan: BatchPlan) -> dict[str, Any]:
+        """What a resumed run must share with the checkpointed one to reproduce it bitwise."""
+        return {"seed": self.seed, "batch_size": self.batch_size, "shuffle": self.shuffle,
+                "partition_sizes": [int(n) for n in plan.partition_sizes]}
+
+
+@dataclass
+class RunContext:
+    """One run: settings, torch objects, where the jobs run, and the run's progress."""
+
+    settings: RunSettings
+    model: nn.Module
+    criterion: Any
+    reduction: str
+    optimizer: Any
+    lr_scheduler: Any
+    layout: ParamLayout
+    end_trigger: Trigger
+    runner: IterationRunner
+    train: DataHandle
+    plan: BatchPlan
+    validation: Any = None        # sparkdl.engine.validation.Validation, or None
+    checkpoints: Any = None       # sparkdl.engine.checkpointing.Checkpoints, or None
+    summary: TrainingSummary = field(default_factory=TrainingSummary)
+    iteration: int = 0

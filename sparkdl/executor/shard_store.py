@@ -1,0 +1,196 @@
+"""Training data held on the executors as contiguous arrays, built once per partition
+(executor side).
+
+A PySpark task over a cached RDD gets its whole partition re-sent from the JVM each time. The
+engine instead converts every partition once into contiguous numpy arrays
+(:mod:`sparkdl.data.records`), writes them as ``.npy`` files in the executor's work directory, and
+reaches them in later iterations through a per-Python-worker cache of memory-mapped arrays
+(:mod:`sparkdl.executor.worker_cache`). Python workers of the same executor share the files (and
+the page cache).
+
+Correctness never depends on the cache: :func:`open_shard` returns ``None`` when the files are
+not there (new executor, deleted directory), and the driver rebuilds the shards and re-runs the
+iteration, which is deterministic.
+
+Example::
+
+    summary = build_shard(data_key, partition, records, "float32")   # in the build job
+    shard = open_shard(data_key, partition)                           # in a later task, or None
+    features, labels = shard.take(shard.permutation(seed, epoch, partition, True)[:32])
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+
+from ..data.batch_plan import local_permutation
+from ..data.records import convert_records
+from .worker_cache import WorkerCache
+
+__all__ = ["Shard", "ShardSummary", "summarize_arrays", "build_shard", "open_shard", "drop_run",
+           "shard_root"]
+
+log = logging.getLogger(__name__)
+
+_SAMPLE_RECORDS = 4
+
+# (data key, partition) -> Shard; memory maps are few objects, so nothing needs freezing.
+_SHARDS: WorkerCache["Shard"] = WorkerCache(capacity=64, freeze=False)
+
+
+@dataclass
+class ShardSummary:
+    """What the driver learns about a partition from the build job (small, picklable)."""
+
+    partition: int
+    count: int = 0
+    feature_shapes: list[tuple[int, ...]] = field(default_factory=list)
+    feature_dtypes: list[str] = field(default_factory=list)
+    label_shape: tuple[int, ...] = ()
+    label_dtype: str = ""
+    label_min: float | None = None
+    label_max: float | None = None
+    label_nan: bool = False
+    feature_nan: bool = False
+    sample_features: list[np.ndarray] = field(default_factory=list)
+    sample_labels: np.ndarray | None = None
+    executor_dir: str = ""
+    error: str | None = None
+
+
+class Shard:
+    """One partition's samples as arrays: ``features`` (one per model input) and ``labels``."""
+
+    def __init__(self, features: list[np.ndarray], labels: np.ndarray) -> None:
+        self.features = features
+        self.labels = labels
+        self.count = int(labels.shape[0])
+        self._perm_key: tuple[int, int, bool] | None = None
+        self._perm: np.ndarray | None = None
+
+    def permutation(self, seed: int, epoch: int, partition: int, shuffle: bool) -> np.ndarray:
+        """The epoch's visiting order of this partition (cached for the current epoch)."""
+        key = (seed, epoch, shuffle)
+        if self._perm_key != key:
+            self._perm = local_permutation(self.count, seed, epoch, partition, shuffle)
+            self._perm_key = key
+        assert self._perm is not None
+        return self._perm
+
+    def take(self, indices: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+        """Features and labels of the given local indices, as new in-memory arrays."""
+        return [np.asarray(f[indices]) for f in self.features], np.asarray(self.labels[indices])
+
+
+def shard_root() -> str:
+    """The directory under which this executor keeps shards (its Spark work directory)."""
+    try:
+        from pyspark.files import SparkFiles
+
+        if SparkFiles._is_running_on_worker:  # type: ignore[attr-defined]
+            return os.path.abspath(os.path.join(SparkFiles.getRootDirectory(), "sparkdl-shards"))
+    except Exception:  # pragma: no cover - outside Spark
+        pass
+    return os.path.join(tempfile.gettempdir(), "sparkdl-shards")
+
+
+def _shard_dir(data_key: str, partition: int) -> str:
+    return os.path.join(shard_root(), data_key, f"part-{partition:05d}")
+
+
+def _save_arrays(target: str, features: list[np.ndarray], labels: np.ndarray) -> None:
+    parent = os.path.dirname(target)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".tmp-{uuid.uuid4().hex}")
+    os.makedirs(tmp)
+    for k, f in enumerate(features):
+        np.save(os.path.join(tmp, f"x{k}.npy"), f)
+    np.save(os.path.join(tmp, "y.npy"), labels)
+    if os.path.isdir(target):
+        shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+
+
+def _load_arrays(directory: str) -> Shard:
+    names = sorted((n for n in os.listdir(directory) if n.startswith("x")),
+                   key=lambda n: int(n[1:-4]))
+    feats = [np.load(os.path.join(directory, n), mmap_mode="r") for n in names]
+    labels = np.load(os.path.join(directory, "y.npy"), mmap_mode="r")
+    return Shard(feats, labels)
+
+
+def summarize_arrays(partition: int, features: list[np.ndarray], labels: np.ndarray
+                     ) -> ShardSummary:
+    """What the driver needs to know about one partition's arrays (sizes, kinds, a few
+    samples, NaNs), without the arrays themselves."""
+    summary = ShardSummary(partition=partition, count=int(labels.shape[0]))
+    if not summary.count:
+        return summary
+    summary.feature_shapes = [tuple(f.shape[1:]) for f in features]
+    summary.feature_dtypes = [f.dtype.str for f in features]
+    summary.label_shape = tuple(labels.shape[1:])
+    summary.label_dtype = labels.dtype.str
+    if labels.dtype.kind == "f":
+        summary.label_nan = bool(np.isnan(labels).any())
+    finite = labels[np.isfinite(labels)] if labels.dtype.kind == "f" else labels
+    if finite.size:
+        summary.label_min = float(finite.min())
+        summary.label_max = float(finite.max())
+    summary.feature_nan = any(f.dtype.kind == "f" and not np.isfinite(f).all() for f in features)
+    summary.sample_features = [np.array(f[:_SAMPLE_RECORDS]) for f in features]
+    summary.sample_labels = np.array(labels[:_SAMPLE_RECORDS])
+    return summary
+
+
+def build_shard(data_key: str, partition: int, records: Iterable[Any],
+                float_dtype: str) -> ShardSummary:
+    """Convert one partition into arrays, store them on this executor, and summarise them.
+
+    Never raises for bad data: the problem is returned in ``ShardSummary.error`` so the driver
+    can raise one clear error before training starts.
+    """
+    records = iter(records)
+    try:
+        feats, labels = convert_records(partition, records, np.dtype(float_dtype))
+    except (TypeError, ValueError) as exc:
+        for _ in records:  # drain the input so that this Python worker can be reused
+            pass
+        return ShardSummary(partition=partition, error=str(exc))
+    summary = summarize_arrays(partition, feats, labels)
+    summary.executor_dir = shard_root()
+    directory = _shard_dir(data_key, partition)
+    _save_arrays(directory, feats, labels)
+    _SHARDS.put((data_key, partition), _load_arrays(directory))
+    return summary
+
+
+def open_shard(data_key: str, partition: int) -> Shard | None:
+    """This worker's shard of ``partition``, from memory or from the executor's files, or None."""
+    shard = _SHARDS.get((data_key, partition))
+    if shard is not None:
+        return shard
+    directory = _shard_dir(data_key, partition)
+    if not os.path.isdir(directory):
+        return None
+    try:
+        shard = _load_arrays(directory)
+    except (OSError, ValueError) as exc:
+        log.warning("shard %s of %s is unreadable (%s); it will be rebuilt",
+                    partition, data_key, exc)
+        return None
+    return _SHARDS.put((data_key, partition), shard)
+
+
+def drop_run(data_key: str) -> None:
+    """Forget a data set's shards in this worker and delete its files on this executor."""
+    for key in [k for k in _SHARDS.keys() if k[0] == data_key]:
+        _SHARDS.pop(key)
+    shutil.rmtree(os.path.join(shard_root(), data_key), ignore_errors=True)

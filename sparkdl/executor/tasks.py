@@ -1,0 +1,114 @@
+"""The functions Spark runs in its Python workers, as small picklable objects (executor side).
+
+Each class here is what one kind of job ships to its tasks: instances pickle as a reference to
+this importable module plus a few small fields (keys, the iteration's :class:`StepSpec`,
+broadcast handles), never as copies of module state. They connect Spark's task context (the
+partition index, the attempt number, the task's cores) to the plain computations of
+:mod:`sparkdl.executor.step`, the replica cache and the shard store.
+
+Example::
+
+    task = GradientTask(run_key, data_key, step, spec_broadcast, weights_broadcast)
+    allreduce.run(index_rdd, task)          # task(partition, summary) -> (vector, report)
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from ..metrics import ValidationMetric
+from .replicas import Replica, drop_replica, get_replica
+from .shard_store import ShardSummary, build_shard, drop_run, open_shard
+from .step import StepSpec, TaskReport, compute_gradient, compute_metric_sums, set_task_threads
+
+__all__ = ["PickledSpec", "GradientTask", "EvaluationTask", "ShardBuildTask", "CleanupTask"]
+
+
+class PickledSpec:
+    """A broadcast of cloudpickled bytes read as the object they hold (the replica spec may
+    name classes that only cloudpickle can ship, e.g. defined in ``__main__``)."""
+
+    def __init__(self, broadcast: Any) -> None:
+        self.broadcast = broadcast
+
+    @property
+    def value(self) -> Any:
+        return pickle.loads(self.broadcast.value)
+
+
+def _attempt() -> int:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return ctx.attemptNumber() if ctx is not None else 0
+
+
+@dataclass
+class GradientTask:
+    """One iteration's map side: ``(partition, summary) -> (vector or None, TaskReport)``."""
+
+    run_key: str
+    data_key: str
+    step: StepSpec
+    spec: Any            # broadcast of the cloudpickled ReplicaSpec
+    weights: Any         # broadcast of the flat weights
+
+    def replica(self) -> Replica:
+        return get_replica(self.run_key, PickledSpec(self.spec))
+
+    def __call__(self, partition: int, summary: Any) -> tuple[np.ndarray | None, TaskReport]:
+        set_task_threads()
+        shard = open_shard(self.data_key, partition) if int(self.step.counts[partition]) else None
+        return compute_gradient(self.step, partition, shard, self.replica, self.weights.value,
+                                attempt=_attempt())
+
+
+@dataclass
+class EvaluationTask:
+    """A validation job's function for ``mapPartitionsWithIndex``: yields
+    ``(partition, metric sums or None, sample count)``."""
+
+    run_key: str
+    data_key: str
+    spec: Any
+    weights: Any
+    metrics: Sequence[ValidationMetric]
+    batch_size: int
+
+    def __call__(self, partition: int, records: Iterator[Any]
+                 ) -> Iterator[tuple[int, list[np.ndarray] | None, int]]:
+        for _ in records:
+            pass
+        set_task_threads()
+        replica = get_replica(self.run_key, PickledSpec(self.spec))
+        sums, count = compute_metric_sums(open_shard(self.data_key, partition), replica,
+                                          self.weights.value, self.metrics, self.batch_size)
+        yield partition, sums, count
+
+
+@dataclass
+class ShardBuildTask:
+    """The build job's function: converts a partition into a shard, yields its summary."""
+
+    data_key: str
+    float_dtype: str
+
+    def __call__(self, partition: int, records: Iterator[Any]) -> Iterator[ShardSummary]:
+        yield build_shard(self.data_key, partition, records, self.float_dtype)
+
+
+@dataclass
+class CleanupTask:
+    """Drops the shards and replicas of the given keys in whichever worker runs it."""
+
+    keys: list[str]
+
+    def __call__(self, _: Any) -> list[Any]:
+        for key in self.keys:
+            drop_run(key)
+            drop_replica(key)
+        return []

@@ -1,0 +1,339 @@
+"""Spark ML stages on top of the engine: ``NNEstimator``, ``NNModel``, ``NNClassifier``,
+``NNClassifierModel``.
+
+Example::
+
+    from sparkdl import NNClassifier
+    clf = NNClassifier(model=lambda: torch.nn.Sequential(torch.nn.Linear(4, 3)),
+                       criterion=torch.nn.CrossEntropyLoss(), featuresCol="features",
+                       labelCol="label", batchSize=64, maxEpoch=5, learningRate=0.01,
+                       optimizer="adam", seed=0)
+    model = clf.fit(train_df)          # an NNClassifierModel
+    model.transform(test_df)           # + prediction (double), probability, rawPrediction
+    model.summary                      # per-epoch metrics (pandas)
+    model.write().overwrite().save(path); NNClassifierModel.load(path)
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from pyspark import keyword_only
+from pyspark.ml import Estimator, Model
+from pyspark.ml.util import MLReadable, MLWritable
+from pyspark.sql import DataFrame
+from torch import nn
+
+from ..data.dataframe_arrays import feature_expression, feature_source, to_blocks
+from ..engine.distri_optimizer import DistriOptimizer
+from ..errors import InvalidArgumentError, ModelCriterionMismatchError, TrainingDataError
+from ..metrics import Loss, Top1Accuracy
+from ..triggers import EveryEpoch, MaxEpoch
+from .inference import predict_column
+from .params import NNClassifierParams, NNParams, validate_params
+from .persistence import NNModelReader, NNModelWriter, NNStageReader, NNStageWriter
+
+__all__ = ["NNEstimator", "NNModel", "NNClassifier", "NNClassifierModel"]
+
+log = logging.getLogger("sparkdl")
+
+ModelSpec = nn.Module | Callable[[], nn.Module]
+
+
+def _check_not_connect(df: DataFrame) -> None:
+    from pyspark.sql.utils import is_remote
+
+    if is_remote() or not hasattr(df, "sparkSession") or \
+            getattr(df.sparkSession, "_sc", None) is None:
+        raise InvalidArgumentError(
+            "sparkdl needs a classic SparkSession with a SparkContext (it runs RDD jobs and "
+            "broadcasts); Spark Connect sessions are not supported. Create the session with "
+            "SparkSession.builder.master(...) instead of .remote(...).")
+
+
+def _torch_optimizer(name: str, params: Any, lr: float, momentum: float,
+                     weight_decay: float) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    if name == "rmsprop":
+        return torch.optim.RMSprop(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    return torch.optim.Adagrad(params, lr=lr, weight_decay=weight_decay)
+
+
+class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
+    """Shared fit logic; the public classes below only fix what they produce."""
+
+    _classifier = False
+
+    @keyword_only
+    def __init__(self, *, model: ModelSpec | None = None, criterion: Any = None,
+                 preprocess: Any = None, optimizerFactory: Any = None, **params: Any) -> None:
+        super().__init__()
+        self._set_objects(model, criterion, preprocess, optimizerFactory)
+        unknown = sorted(set(params) - {p.name for p in self.params})
+        if unknown:
+            raise InvalidArgumentError(
+                f"{type(self).__name__} has no Param {unknown[0]!r}; its Params are "
+                f"{sorted(p.name for p in self.params)}.")
+        self._set(**params)
+
+    def _set_objects(self, model: ModelSpec | None, criterion: Any, preprocess: Any,
+                     optimizer_factory: Any) -> None:
+        owner = type(self).__name__
+        if model is not None and not isinstance(model, nn.Module) and not callable(model):
+            raise InvalidArgumentError(f"The 'model' argument of {owner} must be a "
+                                       "torch.nn.Module or a zero-argument factory returning one. "
+                                       f"Got {type(model).__name__} instead.")
+        for name, value in (("criterion", criterion), ("preprocess", preprocess),
+                            ("optimizerFactory", optimizer_factory)):
+            if value is not None and not callable(value):
+                raise InvalidArgumentError(f"The '{name}' argument of {owner} must be callable. "
+                                           f"Got {type(value).__name__} instead.")
+        self.model_spec, self.criterion = model, criterion
+        self.preprocess, self.optimizer_factory = preprocess, optimizer_factory
+
+    def _fresh_model(self) -> nn.Module:
+        spec = self.model_spec
+        if spec is None:
+            raise InvalidArgumentError(f"{type(self).__name__} has no model: pass model=...")
+        model = copy.deepcopy(spec) if isinstance(spec, nn.Module) else spec()
+        if not isinstance(model, nn.Module):
+            raise InvalidArgumentError(f"The 'model' factory of {type(self).__name__} must "
+                                       f"return a torch.nn.Module. Got {type(model).__name__}.")
+        return model
+
+    def _fit(self, dataset: DataFrame) -> Any:
+        validate_params(self)
+        _check_not_connect(dataset)
+        if self.criterion is None:
+            raise InvalidArgumentError(f"{type(self).__name__} has no criterion: pass "
+                                       "criterion=torch.nn.CrossEntropyLoss() or another loss.")
+        get = self.getOrDefault
+        source = feature_source(dataset.schema, get("featuresCol"), get("featuresCols"))
+        label_col = get("labelCol")
+        if label_col not in dataset.columns:
+            raise InvalidArgumentError(f"Column '{label_col}' (labelCol) does not exist; the "
+                                       f"DataFrame has columns {dataset.columns}.")
+        indicator = get("validationIndicatorCol")
+        if indicator and indicator not in dataset.columns:
+            raise InvalidArgumentError(f"Column '{indicator}' (validationIndicatorCol) does not "
+                                       f"exist; the DataFrame has columns {dataset.columns}.")
+        torch.manual_seed(get("seed"))
+        model = self._fresh_model()
+        sc = dataset.sparkSession.sparkContext
+        workers = get("numTrainWorkers") or sc.defaultParallelism
+        shape = get("featureShape")
+        train_df, val_df = dataset, None
+        if indicator:
+            from pyspark.sql import functions as F
+
+            train_df = dataset.filter(~F.col(indicator))
+            val_df = dataset.filter(F.col(indicator))
+        train_rdd = to_blocks(train_df, source, label_col, self._classifier, shape,
+                              self.preprocess, workers)
+        params = model.parameters()
+        optimizer = (self.optimizer_factory(params) if self.optimizer_factory else
+                     _torch_optimizer(get("optimizer"), params, get("learningRate"),
+                                      get("momentum"), get("weightDecay")))
+        engine = DistriOptimizer(model, train_rdd, self.criterion, optimizer,
+                                 batch_size=get("batchSize"), end_trigger=MaxEpoch(get("maxEpoch")),
+                                 seed=get("seed"), micro_batch_size=get("microBatchSize") or None,
+                                 progress_bar=None if get("progressBar") else False)
+        if get("tensorboardDir"):
+            engine.set_tensorboard(get("tensorboardDir"))
+        if val_df is not None:
+            metrics = [Loss(), Top1Accuracy()] if self._classifier else [Loss()]
+            engine.set_validation(to_blocks(val_df, source, label_col, self._classifier, shape,
+                                            self.preprocess, workers), EveryEpoch(), metrics)
+        try:
+            trained = engine.optimize()
+        except (TrainingDataError, ModelCriterionMismatchError) as exc:
+            raise type(exc)(f"{exc} (features: column '{source.name}', labels: column "
+                            f"'{label_col}')") from exc
+        fitted = self._model_class()(trained, self.preprocess)
+        fitted.output_size = _output_size(trained, engine)
+        fitted._resetUid(self.uid)
+        self._copyValues(fitted)
+        fitted.summary_frame = _epoch_summary(engine)
+        return fitted
+
+    def _model_class(self) -> type:
+        return NNClassifierModel if self._classifier else NNModel
+
+    def write(self) -> Any:
+        return NNStageWriter(self)
+
+    @classmethod
+    def read(cls) -> Any:
+        return NNStageReader(cls)
+
+
+def _output_size(model: nn.Module, engine: DistriOptimizer) -> int:
+    """Values per row of the model's output, from a few training samples."""
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        out = model(*[torch.from_numpy(np.array(f)) for f in engine.data_spec.sample_features])
+    model.train(was_training)
+    return int(np.prod(out.shape[1:]))
+
+
+def _epoch_summary(engine: DistriOptimizer) -> Any:
+    import pandas as pd
+
+    rows: dict[int, dict[str, float]] = {}
+    for r in engine.summary.iterations:
+        row = rows.setdefault(r.epoch, {"epoch": r.epoch, "loss_sum": 0.0, "records": 0})
+        row["loss_sum"] += r.loss * r.records
+        row["records"] += r.records
+    for row in rows.values():
+        row["train_loss"] = row.pop("loss_sum") / row.pop("records")
+    for v in engine.summary.validations:
+        for name, value in v.metrics.items():
+            rows[v.epoch][f"validation_{name}"] = value
+    return pd.DataFrame(list(rows.values()))
+
+
+class _NNModelBase(Model, MLWritable, MLReadable):
+    """Shared transform logic."""
+
+    _classifier = False
+
+    def __init__(self, module: nn.Module | None = None, preprocess: Any = None) -> None:
+        super().__init__()
+        self.module = module
+        self.preprocess = preprocess
+        self.summary_frame: Any = None
+        self.output_size = 0
+
+    @property
+    def summary(self) -> Any:
+        """Per-epoch training loss and validation metrics (pandas DataFrame)."""
+        return self.summary_frame
+
+    def plot_summary(self, ax: Any = None) -> Any:
+        """Plot the per-epoch curves with matplotlib (``pip install sparkdl[plot]``); returns
+        the axes.
+
+        Example: ``model.plot_summary().figure.savefig("curves.png")``.
+        """
+        if self.summary_frame is None or self.summary_frame.empty:
+            raise InvalidArgumentError("This model has no training summary to plot.")
+        try:
+            import matplotlib.pyplot as plt
+        except ImportError as exc:
+            raise ImportError("plot_summary needs matplotlib: pip install matplotlib") from exc
+
+        ax = ax or plt.figure().gca()
+        self.summary_frame.set_index("epoch").plot(ax=ax, marker="o")
+        ax.set_xlabel("epoch")
+        return ax
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The trained weights (a copy)."""
+        assert self.module is not None
+        return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+
+    def _transform(self, dataset: DataFrame) -> DataFrame:
+        validate_params(self)
+        _check_not_connect(dataset)
+        from pyspark.ml.functions import array_to_vector
+        from pyspark.sql import functions as F
+
+        get = self.getOrDefault
+        source = feature_source(dataset.schema, get("featuresCol"), get("featuresCols"))
+        assert self.module is not None
+        single = self._single_output()
+        udf = predict_column(self.module, source, get("featureShape"), self.preprocess,
+                             get("inferenceBatchSize"), self._classifier, single)
+        tmp = "_sparkdl_output"
+        out = dataset.withColumn(tmp, udf(feature_expression(source)))
+        if self._classifier:
+            for param, field, as_vector in (("rawPredictionCol", "raw", True),
+                                            ("probabilityCol", "probability", True),
+                                            ("predictionCol", "prediction", False)):
+                name = get(param)
+                if name:
+                    value = F.col(f"{tmp}.{field}")
+                    out = out.withColumn(name, array_to_vector(value) if as_vector else value)
+        elif get("predictionCol"):
+            out = out.withColumn(get("predictionCol"), F.col(tmp))
+        return out.drop(tmp)
+
+    def _single_output(self) -> bool:
+        return False
+
+    def write(self) -> Any:
+        return NNModelWriter(self)
+
+    @classmethod
+    def read(cls) -> Any:
+        return NNModelReader(cls)
+
+
+class NNEstimator(_NNEstimatorBase, NNParams):
+    """Train a PyTorch model on a DataFrame with sparkdl's engine (regression or any loss).
+
+    Args:
+        model: an ``nn.Module`` (copied, never mutated) or a zero-argument factory.
+        criterion: the loss, e.g. ``torch.nn.MSELoss()``.
+        preprocess: optional function applied to each batch of features (numpy) on the executors.
+        optimizerFactory: optional ``params -> torch.optim.Optimizer``; overrides ``optimizer``.
+        **params: any Param: featuresCol, featuresCols, labelCol, predictionCol, featureShape,
+            batchSize, maxEpoch, learningRate, optimizer, momentum, weightDecay, seed,
+            numTrainWorkers, validationIndicatorCol, microBatchSize, inferenceBatchSize.
+
+    Example::
+
+        est = NNEstimator(model=torch.nn.Linear(3, 1), criterion=torch.nn.MSELoss(),
+                          featuresCols=["a", "b", "c"], labelCol="y", maxEpoch=5)
+        predictions = est.fit(df).transform(df)   # + "prediction" (double)
+    """
+
+
+class NNModel(_NNModelBase, NNParams):
+    """A fitted :class:`NNEstimator`: writes ``predictionCol`` (double for one output per row,
+    else array<double>).
+
+    Example: ``NNModel.load(path).transform(df)``.
+    """
+
+    def _single_output(self) -> bool:
+        return int(getattr(self, "output_size", 0) or 1) == 1
+
+
+class NNClassifier(_NNEstimatorBase, NNClassifierParams):
+    """Train a PyTorch classifier on a DataFrame; labels are 0-based class indices.
+
+    Takes the same arguments as :class:`NNEstimator` plus ``probabilityCol`` and
+    ``rawPredictionCol``. The fitted :class:`NNClassifierModel` writes ``prediction`` (double),
+    ``probability`` and ``rawPrediction`` (ML Vectors), so Spark's evaluators work unchanged.
+
+    Example::
+
+        clf = NNClassifier(model=lambda: torch.nn.Linear(4, 3),
+                           criterion=torch.nn.CrossEntropyLoss(), maxEpoch=5, seed=0)
+        acc = MulticlassClassificationEvaluator().evaluate(clf.fit(train).transform(test))
+    """
+
+    _classifier = True
+
+
+class NNClassifierModel(_NNModelBase, NNClassifierParams):
+    """A fitted :class:`NNClassifier`.
+
+    Example::
+
+        model = NNClassifierModel.load(path)
+        model.transform(df).select("prediction", "probability")
+    """
+
+    _classifier = True

@@ -1,0 +1,132 @@
+"""The Params of the DataFrame estimators, their defaults and their validation.
+
+Every tunable Param holds a plain JSON value (grids and saved metadata are JSON). Values are
+validated in one place, :func:`validate_params`, at ``fit`` time before any cluster work, with one
+message template: "The 'x' Param of Y must be ... Got ... instead.".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import (HasBatchSize, HasFeaturesCol, HasLabelCol, HasLearningRate,
+                                     HasMomentum, HasNumTrainWorkers, HasPredictionCol,
+                                     HasProbabilityCol, HasRawPredictionCol, HasSeed,
+                                     HasValidationIndicatorCol)
+
+from ..argument_checks import argument_error
+
+__all__ = ["NNParams", "NNClassifierParams", "OPTIMIZERS", "validate_params"]
+
+OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
+
+
+_OWN_PARAMS: dict[str, tuple[Any, str]] = {
+    "featuresCols": (TypeConverters.toListString,
+                     "numeric feature columns, used instead of featuresCol when non-empty"),
+    "featureShape": (TypeConverters.toListInt,
+                     "shape of one sample's features (e.g. [1, 28, 28]); flat features are "
+                     "reshaped to it"),
+    "maxEpoch": (TypeConverters.toInt, "number of epochs to train"),
+    "optimizer": (TypeConverters.toString, f"torch optimizer: one of {', '.join(OPTIMIZERS)}"),
+    "weightDecay": (TypeConverters.toFloat, "L2 penalty (weight decay) of the optimizer"),
+    "microBatchSize": (TypeConverters.toInt,
+                       "accumulate each task's gradient over micro-batches of this size (0: off)"),
+    "inferenceBatchSize": (TypeConverters.toInt, "rows per model call in transform"),
+    "progressBar": (TypeConverters.toBoolean,
+                    "show a progress bar while fitting when interactive (a notebook or a "
+                    "terminal)"),
+    "tensorboardDir": (TypeConverters.toString,
+                       "also write training and validation scalars for TensorBoard here "
+                       "(\"\": off)"),
+}
+"""sparkdl's own Params (name: converter, doc); the rest come from pyspark's shared mixins."""
+
+
+class NNParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasBatchSize, HasLearningRate,
+               HasMomentum, HasSeed, HasNumTrainWorkers, HasValidationIndicatorCol):
+    """Params shared by the estimators and their models."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction",
+                         featuresCols=[], featureShape=[], batchSize=128, maxEpoch=10,
+                         learningRate=1e-3, optimizer="adam", momentum=0.0, weightDecay=0.0,
+                         seed=0, numTrainWorkers=0, validationIndicatorCol="",
+                         microBatchSize=0, inferenceBatchSize=1024, progressBar=True,
+                         tensorboardDir="")
+
+    def setParams(self, **params: Any) -> "NNParams":
+        """Set any Params by name, e.g. ``setParams(batchSize=64, maxEpoch=3)``."""
+        return self._set(**params)
+
+
+def _getter(param: str) -> Any:
+    def get_value(self: Params) -> Any:
+        return self.getOrDefault(param)
+    get_value.__doc__ = f"Gets the value of :py:attr:`{param}` or its default value."
+    return get_value
+
+
+def _setter(param: str) -> Any:
+    def set_value(self: Params, value: Any) -> Params:
+        return self._set(**{param: value})
+    set_value.__doc__ = f"Sets the value of :py:attr:`{param}`."
+    return set_value
+
+
+def _add_accessors(cls: type) -> None:
+    """Spark ML style ``getX()`` and ``setX(value)`` for every Param of ``cls`` that lacks
+    them (pyspark's shared mixins bring their own getters)."""
+    for name in dir(cls):
+        if isinstance(getattr(cls, name, None), Param):
+            suffix = name[0].upper() + name[1:]
+            for prefix, make in (("get", _getter), ("set", _setter)):
+                if not hasattr(cls, prefix + suffix):
+                    setattr(cls, prefix + suffix, make(name))
+
+
+class NNClassifierParams(NNParams, HasProbabilityCol, HasRawPredictionCol):
+    """Params of the classifier and its model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._setDefault(probabilityCol="probability", rawPredictionCol="rawPrediction")
+
+
+for _name, (_converter, _doc) in _OWN_PARAMS.items():
+    setattr(NNParams, _name, Param(Params._dummy(), _name, _doc, typeConverter=_converter))
+_add_accessors(NNParams)
+_add_accessors(NNClassifierParams)
+
+
+def _error(param: str, owner: str, expected: str, got: Any) -> Exception:
+    return argument_error(param, owner, expected, got, kind="Param")
+
+
+def validate_params(stage: Params) -> None:
+    """Check every Param value of ``stage``; raise the first problem found."""
+    owner = type(stage).__name__
+    get = stage.getOrDefault
+    for name in ("batchSize", "maxEpoch", "inferenceBatchSize"):
+        if stage.hasParam(name) and get(name) <= 0:
+            raise _error(name, owner, "a positive int", get(name))
+    for name in ("numTrainWorkers", "microBatchSize"):
+        if stage.hasParam(name) and get(name) < 0:
+            raise _error(name, owner, "an int >= 0 (0: automatic/off)", get(name))
+    if get("learningRate") <= 0:
+        raise _error("learningRate", owner, "a positive float", get("learningRate"))
+    if get("momentum") < 0:
+        raise _error("momentum", owner, "a float >= 0", get("momentum"))
+    if get("weightDecay") < 0:
+        raise _error("weightDecay", owner, "a float >= 0", get("weightDecay"))
+    if get("optimizer") not in OPTIMIZERS:
+        raise _error("optimizer", owner, f"one of {list(OPTIMIZERS)}", get("optimizer"))
+    if any(d <= 0 for d in get("featureShape")):
+        raise _error("featureShape", owner, "a list of positive ints", get("featureShape"))
+    if not get("featuresCols") and not get("featuresCol"):
+        raise _error("featuresCol", owner, "a column name (or set featuresCols)",
+                     get("featuresCol"))
+    if not get("labelCol"):
+        raise _error("labelCol", owner, "a column name", get("labelCol"))

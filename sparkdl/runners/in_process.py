@@ -1,0 +1,160 @@
+"""The loop's jobs as plain function calls in this process: no Spark, the same arithmetic.
+
+:class:`InProcessRunner` runs every partition's task one after another with the executor code
+Spark tasks run (:func:`sparkdl.executor.step.compute_gradient` on a replica made by the same
+pickle round trip a worker's is, one torch thread per task as with ``spark.task.cpus=1``) and
+sums the vectors in partition order through the same codec, so a run gives bitwise the weights
+of a Spark run on the same partitions. Tasks draw from their own seeded torch generator state;
+the caller's torch RNG state is left as it was. Uses: fast tests of the loop, a reference for
+bitwise equality, and debugging a training setup without a cluster.
+
+Limits: the data must fit in this process; checkpoints are not available (they are written
+through Spark's Hadoop file systems).
+
+Example::
+
+    from sparkdl.runners import LocalPartitions
+    data = LocalPartitions([records[:45], records[45:]])       # two partitions
+    DistriOptimizer(net, data, loss, opt, batch_size=20).optimize()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from ..data.records import convert_records
+from .interface import PartitionMetrics, RunnerOptions
+from ..executor.replicas import Replica, ReplicaSpec
+from ..executor.shard_store import Shard, ShardSummary, summarize_arrays
+from ..executor.step import StepSpec, compute_gradient, compute_metric_sums
+from ..metrics import ValidationMetric
+from ..transport.allreduce import AllReduceResult, sum_in_order
+from ..transport.codecs import make_codec
+from ..transport.flat_layout import ParamLayout
+
+__all__ = ["LocalPartitions", "InProcessRunner"]
+
+
+class LocalPartitions:
+    """Training (or validation) data held in this process: a list of partitions, each an
+    iterable of records (``(features, label)`` pairs or ``ArrayBlock`` s), as an RDD's
+    partitions would hold them.
+
+    Example: ``LocalPartitions([list(zip(x[:45], y[:45])), list(zip(x[45:], y[45:]))])``.
+    """
+
+    def __init__(self, partitions: Sequence[Iterable[Any]]) -> None:
+        self.partitions = [list(p) for p in partitions]
+
+    def getNumPartitions(self) -> int:
+        """The number of partitions (named like ``RDD.getNumPartitions``)."""
+        return len(self.partitions)
+
+
+@dataclass
+class InProcessData:
+    """A :class:`LocalPartitions` converted to shards in memory."""
+
+    name: str
+    summaries: list[ShardSummary] = field(default_factory=list)
+    shards: list[Shard | None] = field(default_factory=list)
+
+    @property
+    def num_partitions(self) -> int:
+        return len(self.summaries)
+
+
+@contextlib.contextmanager
+def _task_environment() -> Iterator[None]:
+    """What a Spark task sees that the caller must not: one torch thread, its own RNG use."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+class InProcessRunner:
+    """Runs the loop's jobs in this process (see the module docstring)."""
+
+    spark_context = None
+
+    def __init__(self) -> None:
+        self._replica: Replica | None = None
+        self._layout: ParamLayout | None = None
+        self._codec: Any = None
+
+    def load(self, data: LocalPartitions, name: str, float_dtype: str) -> InProcessData:
+        held = InProcessData(name)
+        for partition, records in enumerate(data.partitions):
+            try:
+                feats, labels = convert_records(partition, iter(records), np.dtype(float_dtype))
+            except (TypeError, ValueError) as exc:
+                held.summaries.append(ShardSummary(partition=partition, error=str(exc)))
+                held.shards.append(None)
+                continue
+            held.summaries.append(summarize_arrays(partition, feats, labels))
+            held.shards.append(Shard(feats, labels))
+        return held
+
+    def start(self, spec: ReplicaSpec, layout: ParamLayout, options: RunnerOptions,
+              train: InProcessData) -> str:
+        from pyspark import cloudpickle
+
+        # A worker's replica is unpickled from the broadcast spec: the same round trip here.
+        self._replica = Replica(pickle.loads(cloudpickle.dumps(spec)))
+        self._layout = layout
+        self._codec = make_codec(options.compression, layout.numpy_dtype,
+                                 layout.num_param_values)
+        return (f"in-process sum of {layout.size} values"
+                + (f" (gradients in {options.compression})" if options.compression else ""))
+
+    def _replica_of(self) -> Replica:
+        assert self._replica is not None
+        return self._replica
+
+    def gradients(self, data: InProcessData, step: StepSpec, weights: np.ndarray
+                  ) -> AllReduceResult:
+        assert self._layout is not None
+        submitted_at = time.time()
+        reports, parts = [], []
+        with _task_environment():
+            for partition in range(data.num_partitions):
+                vector, report = compute_gradient(step, partition, data.shards[partition],
+                                                  self._replica_of, weights)
+                reports.append(report)
+                parts.append((partition, None if vector is None else
+                              self._codec.encode(vector, 0)))
+        returned_at, t0 = time.time(), time.perf_counter()
+        vector = sum_in_order(parts, self._codec, 0, self._layout.size)
+        return AllReduceResult(vector, reports, time.perf_counter() - t0,
+                               submitted_at=submitted_at, returned_at=returned_at)
+
+    def evaluate(self, data: InProcessData, weights: np.ndarray,
+                 metrics: Sequence[ValidationMetric], batch_size: int
+                 ) -> list[PartitionMetrics]:
+        out = []
+        with _task_environment():
+            for partition, shard in enumerate(data.shards):
+                sums, count = compute_metric_sums(shard, self._replica_of(), weights,
+                                                  list(metrics), batch_size)
+                out.append(PartitionMetrics(partition, sums, count))
+        return out
+
+    def lost_data_reason(self, exc: BaseException) -> str | None:
+        return None       # nothing is held anywhere it could be lost
+
+    def rebuild(self, data: InProcessData, reason: str) -> None:
+        raise RuntimeError(f"in-process data cannot be lost ({reason})")  # pragma: no cover
+
+    def close(self) -> None:
+        self._replica = None

@@ -1,0 +1,103 @@
+"""The seam between the SGD loop and the cluster: what the loop asks of "the executors".
+
+The loop (:mod:`sparkdl.engine.training_loop`) never touches Spark. It asks an
+:class:`IterationRunner` to hold the training and validation data where the tasks run, to run one
+iteration's job (weights in, the sum over partitions of every task's flat vector out, with the
+tasks' reports), to run a validation job, and to repair lost data. Implementations:
+
+* :class:`sparkdl.runners.spark_rdd.SparkRddRunner` -- RDD jobs, a weight broadcast per
+  iteration, the shuffle or driver AllReduce (:mod:`sparkdl.transport.allreduce`);
+* :class:`sparkdl.runners.in_process.InProcessRunner` -- the same tasks as plain function calls
+  in this process, summed in the same order: no Spark, bitwise the same result.
+
+Every implementation must sum in partition order (0, 1, 2, ...) so that all of them, and any
+retry, give bitwise the same vector.
+
+Example::
+
+    runner = runner_for(training_data)                 # sparkdl.runners
+    train = runner.load(training_data, "training", "float32")
+    runner.start(ReplicaSpec(model, criterion, "mean"), layout, RunnerOptions(), train)
+    result = runner.gradients(train, step, weights)    # AllReduceResult: vector + reports
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from ..executor.replicas import ReplicaSpec
+from ..executor.shard_store import ShardSummary
+from ..executor.step import StepSpec
+from ..metrics import ValidationMetric
+from ..transport.allreduce import AllReduceResult
+from ..transport.flat_layout import ParamLayout
+
+__all__ = ["DataHandle", "RunnerOptions", "PartitionMetrics", "IterationRunner"]
+
+
+class DataHandle(Protocol):
+    """Data a runner holds for the tasks: one summary per partition, in partition order."""
+
+    name: str
+    summaries: list[ShardSummary]
+
+    @property
+    def num_partitions(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    """How vectors are summed: ``allreduce`` ("auto", "shuffle", "driver"), the number of
+    blocks of the shuffle, and the wire compression (None or "bf16")."""
+
+    allreduce: str = "auto"
+    num_blocks: int | None = None
+    compression: str | None = None
+
+
+@dataclass(frozen=True)
+class PartitionMetrics:
+    """One partition's validation sums (None when its data was not found) and sample count."""
+
+    partition: int
+    sums: list[np.ndarray] | None
+    count: int
+
+
+class IterationRunner(Protocol):
+    """Runs the loop's jobs (see the module docstring)."""
+
+    spark_context: Any
+    """The SparkContext whose Hadoop file systems checkpoints use; None: local files."""
+
+    def load(self, data: Any, name: str, float_dtype: str) -> DataHandle:
+        """Hold ``data`` as per-partition shards where the tasks run (one job); bad records are
+        reported in the summaries' ``error``, never raised here."""
+
+    def start(self, spec: ReplicaSpec, layout: ParamLayout, options: RunnerOptions,
+              train: DataHandle) -> str:
+        """Ship the model to the tasks and choose how ``train``'s vectors are summed; returns
+        that choice in words, for the log."""
+
+    def gradients(self, data: DataHandle, step: StepSpec, weights: np.ndarray
+                  ) -> AllReduceResult:
+        """One iteration's job: every partition's weighted gradient and buffers, summed in
+        partition order. Partitions whose shard was not found are marked in the reports."""
+
+    def evaluate(self, data: DataHandle, weights: np.ndarray,
+                 metrics: Sequence[ValidationMetric], batch_size: int
+                 ) -> list[PartitionMetrics]:
+        """Metric sums of every partition of ``data``, in partition order."""
+
+    def lost_data_reason(self, exc: BaseException) -> str | None:
+        """The line saying that a failed job lost runner-held data (a rebuild repairs it), or
+        None when the failure is anything else."""
+
+    def rebuild(self, data: DataHandle, reason: str) -> None:
+        """Hold ``data`` again after a loss (``reason`` goes to the log)."""
+
+    def close(self) -> None:
+        """Release everything held for the run (best effort; never raises)."""
