@@ -5,28 +5,57 @@ Each metric turns one batch of model output and labels into a small vector of su
 order, and :meth:`ValidationMetric.result` turns the total into the reported number. So a metric
 over the whole validation set costs one small record per partition.
 
+A model may return anything its criterion accepts (a tensor, a tuple, a dict such as a Hugging
+Face output). :class:`Loss` hands the output to the criterion as is; metrics that need a tensor
+(:class:`Top1Accuracy`, :class:`MAE`) take ``select``, a function from the model's output to
+that tensor.
+
 Example::
 
     from sparkdl.metrics import Top1Accuracy, Loss, MAE
     opt.set_validation(val_rdd, EveryEpoch(), [Top1Accuracy(), Loss()])
+    Top1Accuracy(select=lambda out: out["logits"])      # a model returning a dict
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from .argument_checks import argument_error
+
 __all__ = ["ValidationMetric", "Top1Accuracy", "Loss", "MAE"]
+
+
+Select = Callable[[Any], torch.Tensor]
+
+
+def _check_select(owner: str, select: Any) -> Select | None:
+    if select is not None and not callable(select):
+        raise argument_error("select", owner, "None or a function from the model's output to a "
+                             "tensor", select)
+    return select
 
 
 class ValidationMetric:
     """Base class of validation metrics."""
 
     name = "metric"
+    select: Select | None = None
 
-    def partial(self, output: torch.Tensor, target: torch.Tensor, criterion: Any
+    def tensor(self, output: Any) -> torch.Tensor:
+        """The tensor this metric reads from the model's output (``select`` applied)."""
+        out = self.select(output) if self.select is not None else output
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"{type(self).__name__} needs a tensor of model outputs, but "
+                            f"{'select returned' if self.select else 'the model returns'} "
+                            f"{type(out).__name__}: pass select=, e.g. "
+                            f"{type(self).__name__}(select=lambda out: out['logits'])")
+        return out
+
+    def partial(self, output: Any, target: torch.Tensor, criterion: Any
                 ) -> np.ndarray:  # pragma: no cover - abstract
         """Sums over one batch (float64 vector of fixed length)."""
         raise NotImplementedError
@@ -43,15 +72,18 @@ class Top1Accuracy(ValidationMetric):
     """Share of samples whose highest-scoring class is the label.
 
     With one output column, the prediction is ``output > threshold`` (0.5 by default: a
-    probability; pass ``threshold=0.0`` for logits).
+    probability; pass ``threshold=0.0`` for logits). ``select`` picks the scores from a model
+    output that is not a tensor.
     """
 
     name = "Top1Accuracy"
 
-    def __init__(self, threshold: float = 0.5) -> None:
+    def __init__(self, threshold: float = 0.5, select: Select | None = None) -> None:
         self.threshold = float(threshold)
+        self.select = _check_select("Top1Accuracy", select)
 
-    def partial(self, output: torch.Tensor, target: torch.Tensor, criterion: Any) -> np.ndarray:
+    def partial(self, output: Any, target: torch.Tensor, criterion: Any) -> np.ndarray:
+        output = self.tensor(output)
         if output.ndim == 1 or output.shape[-1] == 1:
             predicted = (output.reshape(-1) > self.threshold).long()
         else:
@@ -68,21 +100,26 @@ class Loss(ValidationMetric):
     def __init__(self, criterion: Any = None) -> None:
         self.criterion = criterion
 
-    def partial(self, output: torch.Tensor, target: torch.Tensor, criterion: Any) -> np.ndarray:
+    def partial(self, output: Any, target: torch.Tensor, criterion: Any) -> np.ndarray:
         crit = self.criterion if self.criterion is not None else criterion
         value = float(crit(output, target))
-        n = float(output.shape[0])
+        n = float(target.shape[0])
         if getattr(crit, "reduction", "mean") == "sum":
             return np.array([value, n])
         return np.array([value * n, n])
 
 
 class MAE(ValidationMetric):
-    """Mean absolute error over all output elements (regression)."""
+    """Mean absolute error over all output elements (regression); ``select`` picks the
+    predictions from a model output that is not a tensor."""
 
     name = "MAE"
 
-    def partial(self, output: torch.Tensor, target: torch.Tensor, criterion: Any) -> np.ndarray:
+    def __init__(self, select: Select | None = None) -> None:
+        self.select = _check_select("MAE", select)
+
+    def partial(self, output: Any, target: torch.Tensor, criterion: Any) -> np.ndarray:
+        output = self.tensor(output)
         out = output.reshape(target.shape) if output.numel() == target.numel() else output
         diff = (out.double() - target.double()).abs()
         return np.array([float(diff.sum()), float(diff.numel())])

@@ -98,6 +98,9 @@ class Checkpoints:
         if ctx.lr_scheduler is not None and state.get("scheduler_state") is not None:
             ctx.lr_scheduler.load_state_dict(state["scheduler_state"])
         torch.set_rng_state(state["torch_rng_state"])
+        for trigger, trigger_state in zip(ctx.end_trigger.walk(), state.get("triggers", [])):
+            trigger.load_state_dict(trigger_state)
+        ctx.best_states = {int(k): v for k, v in state.get("best_states", {}).items()}
         ctx.iteration = int(state["iteration"])
         ctx.summary = TrainingSummary(
             [IterationRecord(**r) for r in state["summary"]["iterations"]],
@@ -119,6 +122,8 @@ class Checkpoints:
             "epoch": ctx.iteration // ctx.plan.iterations_per_epoch,
             "run": ctx.settings.reproducibility_key(ctx.plan),
             "torch_rng_state": torch.get_rng_state(),
+            "triggers": [t.state_dict() for t in ctx.end_trigger.walk()],
+            "best_states": {str(k): v for k, v in ctx.best_states.items()},
             "summary": {"iterations": [asdict(r) for r in ctx.summary.iterations],
                         "validations": [asdict(v) for v in ctx.summary.validations]},
         }

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..errors import ModelCriterionMismatchError, TrainingDataError
 from ..executor.shard_store import ShardSummary
+from .rng_isolation import private_torch_rng
 
 __all__ = ["DataSpec", "summarize", "dry_run"]
 
@@ -96,22 +97,15 @@ def summarize(summaries: Sequence[ShardSummary], what: str) -> DataSpec:
     )
 
 
-def dry_run(model: nn.Module, criterion: Any, spec: DataSpec, what: str) -> None:
-    """Run a copy of the model and the criterion on a few real samples; explain any mismatch."""
-    probe = copy.deepcopy(model)
-    inputs = [torch.from_numpy(np.array(f)) for f in spec.sample_features]
-    target = torch.from_numpy(np.array(spec.sample_labels))
-    shapes = ", ".join(f"{tuple(x.shape)} {x.dtype}" for x in inputs)
-    try:
-        with torch.no_grad():
-            output = probe(*inputs)
-    except Exception as exc:
-        raise ModelCriterionMismatchError(
-            f"The model cannot run on the {what} features: a batch of features of shape(s) "
-            f"{shapes} raised {type(exc).__name__}: {exc}") from exc
-    if not isinstance(output, torch.Tensor):
-        raise ModelCriterionMismatchError(
-            f"The model must return one tensor; it returned {type(output).__name__}.")
+def _describe(output: Any) -> str:
+    if isinstance(output, torch.Tensor):
+        return f"a tensor of shape {tuple(output.shape)} ({output.dtype})"
+    return f"a {type(output).__name__}"
+
+
+def _check_tensor_output(output: torch.Tensor, target: torch.Tensor, criterion: Any,
+                         spec: DataSpec, what: str) -> None:
+    """The common ways a tensor output and the labels disagree with the criterion."""
     name = type(criterion).__name__
     if isinstance(criterion, _CLASS_INDEX_CRITERIA) and target.dtype == torch.int64:
         if output.ndim < 2:
@@ -130,15 +124,55 @@ def dry_run(model: nn.Module, criterion: Any, spec: DataSpec, what: str) -> None
             f"{name} needs the model output and the label to have the same shape; the model "
             f"returns {tuple(output.shape)} for labels of shape {tuple(target.shape)}. Reshape the "
             "labels in the RDD or the output in the model.")
+
+
+def dry_run(model: nn.Module, criterion: Any, spec: DataSpec, what: str,
+            metrics: Sequence[Any] = (), dtype: torch.dtype | None = None) -> None:
+    """Run a copy of the model, the criterion and the validation ``metrics`` on a few real
+    samples (floating inputs in ``dtype``, the model's parameter dtype); explain any mismatch.
+
+    The model may return anything the criterion accepts (a tensor, a tuple, a dict); the shape
+    checks apply when it returns a tensor."""
+    with private_torch_rng():            # a dropout layer must not draw from the caller's RNG
+        _dry_run(copy.deepcopy(model), criterion, spec, what, metrics, dtype)
+
+
+def _dry_run(probe: nn.Module, criterion: Any, spec: DataSpec, what: str,
+             metrics: Sequence[Any], dtype: torch.dtype | None) -> None:
+
+    def tensor(a: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(np.array(a))
+        return t.to(dtype) if dtype is not None and t.is_floating_point() else t
+
+    inputs = [tensor(f) for f in spec.sample_features]
+    target = tensor(spec.sample_labels)
+    shapes = ", ".join(f"{tuple(x.shape)} {x.dtype}" for x in inputs)
+    try:
+        with torch.no_grad():
+            output = probe(*inputs)
+    except Exception as exc:
+        raise ModelCriterionMismatchError(
+            f"The model cannot run on the {what} features: a batch of features of shape(s) "
+            f"{shapes} raised {type(exc).__name__}: {exc}") from exc
+    if isinstance(output, torch.Tensor):
+        _check_tensor_output(output, target, criterion, spec, what)
+    name = type(criterion).__name__
     try:
         with torch.no_grad():
             loss = criterion(output, target)
     except Exception as exc:
         raise ModelCriterionMismatchError(
-            f"The model output of shape {tuple(output.shape)} ({output.dtype}) does not fit "
-            f"{name} with labels of shape {tuple(target.shape)} ({target.dtype}): "
-            f"{type(exc).__name__}: {exc}") from exc
+            f"The model output, {_describe(output)}, does not fit {name} with labels of shape "
+            f"{tuple(target.shape)} ({target.dtype}): {type(exc).__name__}: {exc}") from exc
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise ModelCriterionMismatchError(
             f"The criterion must return a scalar loss; {name} returned "
             f"{getattr(loss, 'shape', type(loss).__name__)}.")
+    for metric in metrics:
+        try:
+            with torch.no_grad():
+                metric.partial(output, target, criterion)
+        except Exception as exc:
+            raise ModelCriterionMismatchError(
+                f"The validation metric {metric.name} cannot read the model output "
+                f"({_describe(output)}): {type(exc).__name__}: {exc}") from exc

@@ -51,6 +51,7 @@ from ..triggers import MaxEpoch, Trigger
 from .arguments import (check_criterion, check_lr_scheduler, check_optimizer,
                         check_training_data)
 from .checkpointing import CheckpointSetup, Checkpoints
+from .clipping import GradientClipping, check_norm_clipping, check_value_clipping
 from .data_checks import DataSpec, dry_run, summarize
 from .progress import check_tensorboard
 from .run_context import RunContext, RunSettings
@@ -149,6 +150,7 @@ class DistriOptimizer:
         self.layout = ParamLayout(model)
         self._validation: Validation | None = None
         self._checkpoint_setup: CheckpointSetup | None = None
+        self._clipping: GradientClipping | None = None
         self.summary = TrainingSummary()
         self.iteration = 0
         self.data_spec: DataSpec | None = None
@@ -223,6 +225,51 @@ class DistriOptimizer:
         self._checkpoint_setup = CheckpointSetup(path, trigger, keep_last, resume)
         return self
 
+    def set_gradient_clipping(self, max_norm: float, norm_type: float = 2.0
+                              ) -> "DistriOptimizer":
+        """Clip the union gradient to total norm ``max_norm`` before every optimizer step,
+        exactly as ``torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type)``
+        in single-process training.
+
+        Example: ``opt.set_gradient_clipping(1.0)``.
+        """
+        max_norm, norm_type = check_norm_clipping(f"{_OWNER}.set_gradient_clipping", max_norm,
+                                                  norm_type)
+        current = self._clipping or GradientClipping()
+        self._clipping = dataclasses.replace(current, max_norm=max_norm, norm_type=norm_type)
+        return self
+
+    def set_constant_gradient_clipping(self, min_value: float, max_value: float
+                                       ) -> "DistriOptimizer":
+        """Clamp every value of the union gradient into ``[min_value, max_value]`` before every
+        optimizer step (``torch.nn.utils.clip_grad_value_`` for ``[-v, v]``); applied before
+        norm clipping when both are set.
+
+        Example: ``opt.set_constant_gradient_clipping(-0.5, 0.5)``.
+        """
+        low, high = check_value_clipping(f"{_OWNER}.set_constant_gradient_clipping",
+                                         min_value, max_value)
+        current = self._clipping or GradientClipping()
+        self._clipping = dataclasses.replace(current, min_value=low, max_value=high)
+        return self
+
+    def _check_trigger_metrics(self) -> None:
+        """Every validation metric a trigger reads must be computed by ``set_validation``."""
+        triggers = [("end_trigger", self.end_trigger)]
+        if self._checkpoint_setup is not None:
+            triggers.append(("checkpoint trigger", self._checkpoint_setup.trigger))
+        if self._validation is not None:
+            triggers.append(("validation trigger", self._validation.trigger))
+        validated = {m.name for m in self._validation.metrics} if self._validation else set()
+        for what, trigger in triggers:
+            missing = sorted(trigger.metric_names() - validated)
+            if missing:
+                raise InvalidArgumentError(
+                    f"The {what} {trigger!r} reads the validation metric {missing[0]!r}, which "
+                    + (f"set_validation does not compute (it computes {sorted(validated)})"
+                       if validated else "is never computed: call set_validation(data, trigger, "
+                       "[...]) with that metric") + ".")
+
     def _checkpoint_store(self, path: str) -> CheckpointStore:
         sc = getattr(self.training_rdd, "context", None)
         if sc is None:
@@ -250,26 +297,32 @@ class DistriOptimizer:
         """Train until the end trigger fires; return the trained model (the same object)."""
         from ..runners import runner_for
 
+        self._check_trigger_metrics()
+        self.layout = ParamLayout(self.model)        # as the model is now (requires_grad flags)
+        for trigger in self.end_trigger.walk():
+            trigger.reset()
         runner = runner_for(self.training_rdd)
         checkpoints = (Checkpoints(self._checkpoint_setup,
                                    self._checkpoint_store(self._checkpoint_setup.path))
                        if self._checkpoint_setup is not None else None)
         resumed = checkpoints.latest(self.model) if checkpoints is not None else None
-        dtype = self.layout.numpy_dtype.str
+        dtype = self.layout.data_dtype.str
         ctx: RunContext | None = None
         try:
             train = runner.load(self.training_rdd, "training", dtype)
             self.data_spec = summarize(train.summaries, "training")
-            dry_run(self.model, self.criterion, self.data_spec, "training")
+            param_dtype = self.layout.param_dtype
+            dry_run(self.model, self.criterion, self.data_spec, "training", dtype=param_dtype)
             if self._validation is not None:
                 self._validation.held = runner.load(self._validation.data, "validation", dtype)
                 dry_run(self.model, self.criterion,
-                        summarize(self._validation.held.summaries, "validation"), "validation")
+                        summarize(self._validation.held.summaries, "validation"), "validation",
+                        self._validation.metrics, param_dtype)
             plan = BatchPlan(self.data_spec.partition_sizes, self.batch_size, self.seed,
                              self.settings.shuffle)
             ctx = RunContext(self.settings, self.model, self.criterion, self.reduction,
                              self.optimizer, self.lr_scheduler, self.layout, self.end_trigger,
-                             runner, train, plan, self._validation, checkpoints)
+                             runner, train, plan, self._validation, checkpoints, self._clipping)
             if resumed is not None:
                 checkpoints.restore(ctx, resumed)  # type: ignore[union-attr]
             how = runner.start(ReplicaSpec(self.model, self.criterion, self.reduction),

@@ -65,5 +65,9 @@ class RunContext:
     plan: BatchPlan
     validation: Any = None        # sparkdl.engine.validation.Validation, or None
     checkpoints: Any = None       # sparkdl.engine.checkpointing.Checkpoints, or None
+    clipping: Any = None          # sparkdl.engine.clipping.GradientClipping, or None
     summary: TrainingSummary = field(default_factory=TrainingSummary)
     iteration: int = 0
+    best_states: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Weights kept for early stops with ``restore_best``, by the trigger's position among the
+    end trigger's EarlyStopping triggers."""

@@ -3,10 +3,14 @@ driver.
 
 Each iteration: the plan says which samples every partition takes
 (:class:`sparkdl.data.batch_plan.BatchPlan`); the runner runs the job and returns the sum over
-partitions of ``[(|B_i| / |B|) * grad on B_i, (|B_i| / |B|) * buffers]``
+partitions of ``(|B_i| / |B|) * grad on B_i`` with the tasks' reports
 (:mod:`sparkdl.runners.interface`); the loop stops on a non-finite loss or gradient, puts the
-sum into ``p.grad`` and the buffers, calls ``optimizer.step()`` (and the LR scheduler), records the
-iteration, and asks the triggers whether to validate, checkpoint or stop. It never touches Spark.
+sum into ``p.grad`` (None for parameters no task gave a gradient), combines the buffers the tasks
+changed (:func:`sparkdl.transport.flat_layout.combine_buffers`), clips the gradient if asked,
+calls ``optimizer.step()`` (with a closure that runs one more job per evaluation for closure
+optimizers such as LBFGS) and the LR scheduler, records the iteration, and asks the triggers
+whether to validate, checkpoint or stop (restoring the best weights for an early stop). It never
+touches Spark.
 
 Example::
 
@@ -15,23 +19,28 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 import math
 import time
+from typing import Any
 
 import numpy as np
+import torch
 
 from ..errors import NonFiniteError, SparkdlError
 from ..executor.process_memory import current_rss_bytes
 from ..executor.step import StepSpec
 from ..transport.allreduce import AllReduceResult
-from ..triggers import MaxEpoch, MaxIteration, TrainingState, Trigger
+from ..transport.flat_layout import combine_buffers, summed_presence
+from ..triggers import EarlyStopping, MaxEpoch, MaxIteration, TrainingState, Trigger
 from .progress import ProgressReporter
 from .recovery import run_with_recovery
 from .run_context import RunContext
 from .summary import IterationRecord
 
-__all__ = ["TrainingLoop"]
+__all__ = ["TrainingLoop", "needs_closure"]
 
 log = logging.getLogger("sparkdl")
 
@@ -45,11 +54,19 @@ def _total_iterations(trigger: Trigger, iterations_per_epoch: int) -> int | None
     return None
 
 
+def needs_closure(optimizer: Any) -> bool:
+    """True for optimizers whose ``step`` requires a closure (``torch.optim.LBFGS``)."""
+    closure = inspect.signature(optimizer.step).parameters.get("closure")
+    return closure is not None and closure.default is inspect.Parameter.empty
+
+
 class TrainingLoop:
     """Runs ``ctx`` from its current iteration until the end trigger fires."""
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
+        self._metrics: dict[str, float] = (dict(ctx.summary.validations[-1].metrics)
+                                           if ctx.summary.validations else {})
 
     def run(self) -> None:
         ctx = self.ctx
@@ -73,7 +90,8 @@ class TrainingLoop:
         ctx = self.ctx
         starts, counts = ctx.plan.shares(epoch, step)
         return StepSpec(ctx.settings.seed, ctx.settings.shuffle, ctx.iteration, epoch, starts,
-                        counts, ctx.plan.batch_size_at(step), ctx.settings.micro_batch_size)
+                        counts, ctx.plan.batch_size_at(step), ctx.settings.micro_batch_size,
+                        ctx.layout.fingerprint)
 
     def _gradients(self, step: StepSpec, weights: np.ndarray) -> AllReduceResult:
         ctx = self.ctx
@@ -92,25 +110,26 @@ class TrainingLoop:
         ctx = self.ctx
         per_epoch = ctx.plan.iterations_per_epoch
         iteration_level = logging.DEBUG if reporter.console else logging.INFO
-        weights = ctx.layout.weights_vector(ctx.model)
+        state_vector = ctx.layout.state_vector(ctx.model)
         while True:
             epoch, step = ctx.plan.epoch_and_step(ctx.iteration)
             spec = self._step_spec(epoch, step)
             t_start = time.perf_counter()
-            result = self._gradients(spec, weights)
+            result = self._gradients(spec, state_vector)
             t_update = time.perf_counter()
             loss = float(math.fsum(r.loss for r in result.reports))
             lr = float(ctx.optimizer.param_groups[0]["lr"])
             self._stop_if_not_finite(loss, result.vector)
-            self._apply(result.vector)
+            self._update(spec, state_vector, result)
             epoch_finished = step == per_epoch - 1
             if ctx.lr_scheduler is not None and (ctx.settings.lr_scheduler_step == "iteration"
                                                  or epoch_finished):
                 ctx.lr_scheduler.step()
-            weights = ctx.layout.weights_vector(ctx.model)
+            state_vector = ctx.layout.state_vector(ctx.model)
             update_s = time.perf_counter() - t_update
             ctx.iteration += 1
-            state = TrainingState(ctx.iteration, epoch + int(epoch_finished), epoch_finished)
+            state = TrainingState(ctx.iteration, epoch + int(epoch_finished), epoch_finished,
+                                  loss=loss, metrics=dict(self._metrics))
             record = self._record(result, epoch, spec.batch_size, loss, lr, update_s,
                                   time.perf_counter() - t_start)
             log.log(iteration_level,
@@ -119,13 +138,80 @@ class TrainingLoop:
                     record.samples_per_s)
             reporter.iteration(record)
             if ctx.validation is not None and ctx.validation.trigger(state):
-                reporter.validation(ctx.validation.run(ctx, weights, state))
+                validation = ctx.validation.run(ctx, state_vector, state)
+                reporter.validation(validation)
+                self._metrics = dict(validation.metrics)
+                state = dataclasses.replace(state, metrics=dict(self._metrics), validated=True)
+            ended = ctx.end_trigger(state)
+            self._remember_best(state)
             if ctx.checkpoints is not None and ctx.checkpoints.setup.trigger(state):
                 ctx.checkpoints.write(ctx)
-            if ctx.end_trigger(state):
+            if ended:
+                self._restore_best()
                 log.info("training finished after %d iterations (%d epochs): loss %.6g",
                          ctx.iteration, state.epoch, loss)
                 return
+
+    # ------------------------------------------------------------------ the update
+    def _load_sum(self, spec: StepSpec, state_vector: np.ndarray,
+                  result: AllReduceResult) -> None:
+        """The summed gradient into ``p.grad`` (None where no task produced one), the tasks'
+        buffers combined into the model's, then clipping."""
+        ctx = self.ctx
+        assert result.vector is not None
+        present = summed_presence((r.grad_present for r in result.reports),
+                                  len(ctx.layout.params))
+        ctx.layout.set_grads(ctx.model, result.vector, present)
+        changes = [(r.count / spec.batch_size, r.buffers) for r in result.reports if r.count]
+        ctx.layout.set_buffers(ctx.model, combine_buffers(ctx.layout, state_vector, changes))
+        if ctx.clipping is not None:
+            ctx.clipping.apply(ctx.model)
+
+    def _update(self, spec: StepSpec, state_vector: np.ndarray, first: AllReduceResult) -> None:
+        ctx = self.ctx
+        if not needs_closure(ctx.optimizer):
+            self._load_sum(spec, state_vector, first)
+            ctx.optimizer.step()
+            ctx.optimizer.zero_grad(set_to_none=True)
+            return
+        pending: list[AllReduceResult] = [first]
+
+        def closure() -> torch.Tensor:
+            # The first evaluation is the job already run; every later one is a new job on the
+            # same union batch with the weights the optimizer is trying.
+            if pending:
+                result, weights = pending.pop(), state_vector
+            else:
+                weights = ctx.layout.state_vector(ctx.model)
+                result = self._gradients(spec, weights)
+                loss = float(math.fsum(r.loss for r in result.reports))
+                if not (math.isfinite(loss) and np.isfinite(result.vector).all()):
+                    ctx.layout.load_state(ctx.model, state_vector)
+                    self._stop_if_not_finite(loss, result.vector)
+            self._load_sum(spec, weights, result)
+            return torch.tensor(math.fsum(r.loss for r in result.reports), dtype=torch.float64)
+
+        ctx.optimizer.step(closure)
+        ctx.optimizer.zero_grad(set_to_none=True)
+
+    # ------------------------------------------------------------------ early stopping
+    def _remember_best(self, state: TrainingState) -> None:
+        """Keep a copy of the weights an early stop may restore (only when they improved)."""
+        for k, trigger in enumerate(self._early_stops()):
+            if trigger.improved and trigger.restore_best:
+                self.ctx.best_states[k] = {name: value.detach().clone()
+                                           for name, value in self.ctx.model.state_dict().items()}
+
+    def _restore_best(self) -> None:
+        for k, trigger in enumerate(self._early_stops()):
+            best = self.ctx.best_states.get(k)
+            if trigger.stopped and trigger.restore_best and best is not None:
+                self.ctx.model.load_state_dict(best)
+                log.info("early stopping on %s: restored the weights of iteration %d (%s %.6g)",
+                         trigger.metric, trigger.best_iteration, trigger.metric, trigger.best)
+
+    def _early_stops(self) -> list[EarlyStopping]:
+        return [t for t in self.ctx.end_trigger.walk() if isinstance(t, EarlyStopping)]
 
     def _record(self, result: AllReduceResult, epoch: int, records: int, loss: float,
                 lr: float, update_s: float, wall: float) -> IterationRecord:
@@ -160,10 +246,3 @@ class TrainingLoop:
                    ". Lower the learning rate, clip gradients or check the data.")
         log.error("%s", message)
         raise NonFiniteError(message, ctx.iteration + 1, good, path)
-
-    def _apply(self, vector: np.ndarray) -> None:
-        ctx = self.ctx
-        ctx.layout.set_grads(ctx.model, vector)
-        ctx.layout.load_buffers(ctx.model, vector)
-        ctx.optimizer.step()
-        ctx.optimizer.zero_grad(set_to_none=True)

@@ -1,28 +1,31 @@
 """What one task computes on its partition's shard (executor side; also called in process).
 
-:func:`compute_gradient` draws the partition's share of the global batch, runs forward and
-backward on the replica (optionally in micro-batches) and returns the flat vector
-``[ (|B_i| / |B|) * grad of the mean loss on B_i , (|B_i| / |B|) * buffers ]``, so that the sum of
-these vectors over all partitions is exactly the gradient on the union batch ``B`` followed by the
-sample-weighted average of the replicas' buffers. :func:`compute_metric_sums` computes validation
+:func:`compute_gradient` draws the partition's share of the global batch, loads the broadcast
+state (:class:`sparkdl.transport.flat_layout.ParamLayout`) into the replica, runs forward and
+backward (optionally in micro-batches) and returns the flat vector
+``(|B_i| / |B|) * grad of the mean loss on B_i``, so that the sum of these vectors over all
+partitions is exactly the gradient on the union batch ``B``; its report says which parameters
+got a gradient and carries the raw bytes of the buffers it changed (the driver combines them by
+:func:`sparkdl.transport.flat_layout.combine_buffers`). :func:`compute_metric_sums` computes validation
 metric sums over a whole partition. Neither knows how it was reached (a Spark task, a plain call):
 :mod:`sparkdl.executor.tasks` wraps them for Spark.
 
 Example::
 
-    vector, report = compute_gradient(step, partition, shard, replica, weights)
+    vector, report = compute_gradient(step, partition, shard, lambda: replica, state)
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from ..data.batch_plan import task_seed
+from ..errors import SparkdlError
 from ..metrics import ValidationMetric
 from .process_memory import current_rss_bytes
 from .replicas import Replica
@@ -45,6 +48,7 @@ class StepSpec:
     counts: np.ndarray
     batch_size: int
     micro_batch_size: int | None
+    layout_fingerprint: str = ""
 
 
 @dataclass
@@ -60,6 +64,8 @@ class TaskReport:
     rss_bytes: int = 0         # the Python worker's resident memory after the task
     started_at: float = 0.0    # wall clock (time.time()) when the task's function began
     finished_at: float = 0.0   # ... and when its vector was ready
+    grad_present: np.ndarray | None = None   # per trainable parameter: 1 if it got a gradient
+    buffers: dict[int, bytes] = field(default_factory=dict)   # raw bytes of changed buffers
 
 
 def set_task_threads() -> None:
@@ -72,9 +78,24 @@ def set_task_threads() -> None:
         torch.set_num_threads(max(1, int(cpus)))
 
 
-def _to_tensors(features: Sequence[np.ndarray], labels: np.ndarray
+def _to_tensors(features: Sequence[np.ndarray], labels: np.ndarray, dtype: torch.dtype
                 ) -> tuple[list[torch.Tensor], torch.Tensor]:
-    return [torch.from_numpy(f) for f in features], torch.from_numpy(labels)
+    """Tensors of a batch; floating values in the model's parameter dtype (bfloat16 data is
+    stored as float32, which numpy can hold)."""
+    def tensor(a: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(a)
+        return t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t
+
+    return [tensor(f) for f in features], tensor(labels)
+
+
+def _check_layout(step: StepSpec, replica: Replica) -> None:
+    if step.layout_fingerprint and step.layout_fingerprint != replica.layout.fingerprint:
+        raise SparkdlError(
+            f"The model replica on this executor is laid out differently (fingerprint "
+            f"{replica.layout.fingerprint}) from the driver's model ({step.layout_fingerprint}): "
+            "its parameters, buffers, dtypes or requires_grad flags differ. Do not change the "
+            "model while it trains.")
 
 
 def _chunks(indices: np.ndarray, size: int | None) -> list[np.ndarray]:
@@ -86,7 +107,8 @@ def _chunks(indices: np.ndarray, size: int | None) -> list[np.ndarray]:
 def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
                      replica_of: Callable[[], Replica], weights: np.ndarray, attempt: int = 0
                      ) -> tuple[np.ndarray | None, TaskReport]:
-    """The weighted local gradient (and buffers) of ``partition``; None when it has no share.
+    """The weighted local gradient of ``partition`` (None when it has no share); the report
+    says which parameters got a gradient and carries the buffers the task changed.
 
     ``shard`` is None when the partition's data is not where this task runs (reported as
     ``missing_shard``); ``replica_of()`` gives the replica (only called when there is work).
@@ -101,8 +123,9 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
         return None, report
     t0 = time.perf_counter()
     replica: Replica = replica_of()
+    _check_layout(step, replica)
     model, layout = replica.model, replica.layout
-    layout.load_weights(model, weights)
+    layout.load_state(model, weights)
     model.train()
     model.zero_grad(set_to_none=True)
     torch.manual_seed(task_seed(step.seed, step.iteration, partition))
@@ -111,14 +134,13 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
     mean = replica.reduction == "mean"
     loss_sum = 0.0
     for chunk in _chunks(indices, step.micro_batch_size):
-        inputs, target = _to_tensors(*shard.take(chunk))
+        inputs, target = _to_tensors(*shard.take(chunk), layout.param_dtype)
         loss = replica.criterion(model(*inputs), target)
         weight = len(chunk) / step.batch_size if mean else 1.0
         (loss * weight).backward()
         loss_sum += float(loss.detach()) * weight
-    vector = np.empty(layout.size, dtype=layout.numpy_dtype)
-    layout.write_grads(model, vector)
-    layout.write_buffers(model, vector, count / step.batch_size)
+    vector, report.grad_present = layout.gradients(model)
+    report.buffers = layout.changed_buffers(model, weights)
     report.loss = loss_sum
     report.compute_s = time.perf_counter() - t0
     report.rss_bytes = current_rss_bytes()
@@ -133,13 +155,13 @@ def compute_metric_sums(shard: Shard | None, replica: Replica, weights: np.ndarr
     if shard is None:
         return None, 0
     model = replica.model
-    replica.layout.load_weights(model, weights)
+    replica.layout.load_state(model, weights)
     model.eval()
     sums: list[np.ndarray] = [np.zeros(0)] * len(metrics)
     with torch.no_grad():
         for lo in range(0, shard.count, batch_size):
             idx = np.arange(lo, min(lo + batch_size, shard.count))
-            inputs, target = _to_tensors(*shard.take(idx))
+            inputs, target = _to_tensors(*shard.take(idx), replica.layout.param_dtype)
             output = model(*inputs)
             for m, metric in enumerate(metrics):
                 part = metric.partial(output, target, replica.criterion)

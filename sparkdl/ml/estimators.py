@@ -30,6 +30,7 @@ from torch import nn
 
 from ..data.dataframe_arrays import feature_expression, feature_source, to_blocks
 from ..engine.distri_optimizer import DistriOptimizer
+from ..engine.rng_isolation import private_torch_rng
 from ..errors import InvalidArgumentError, ModelCriterionMismatchError, TrainingDataError
 from ..metrics import Loss, Top1Accuracy
 from ..triggers import EveryEpoch, MaxEpoch
@@ -126,8 +127,8 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
         if indicator and indicator not in dataset.columns:
             raise InvalidArgumentError(f"Column '{indicator}' (validationIndicatorCol) does not "
                                        f"exist; the DataFrame has columns {dataset.columns}.")
-        torch.manual_seed(get("seed"))
-        model = self._fresh_model()
+        with private_torch_rng(get("seed")):   # the same initial weights on any thread
+            model = self._fresh_model()
         sc = dataset.sparkSession.sparkContext
         workers = get("numTrainWorkers") or sc.defaultParallelism
         shape = get("featureShape")

@@ -1,23 +1,34 @@
-"""One flat vector for a model's trainable parameters and its buffers.
+"""Where each parameter and buffer of a model sits in what travels between driver and tasks.
 
-What travels between the driver and the tasks is always a single contiguous numpy vector:
-the weights (broadcast), the gradients (AllReduce). The layout is taken once from the model and is
-the same on both sides, so only numbers cross the wire.
+Three things travel, laid out once from the model, identically on both sides:
 
-Layout: trainable parameters in ``named_parameters()`` order, then every buffer in
-``named_buffers()`` order (integer buffers such as BatchNorm's ``num_batches_tracked`` are carried
-as floats and rounded back).
+* the **state** (driver to tasks, every iteration): every trainable parameter and every buffer as
+  its own raw bytes, one ``uint8`` vector. Nothing is converted, so a bfloat16 weight or an int64
+  counter at ``2**40 + 7`` arrives bit for bit.
+* the **gradient vector** (tasks to driver, summed by the AllReduce): the trainable parameters'
+  gradients in the *gradient dtype*: the parameters' own dtype for float64 and float32, float32 for
+  float16 and bfloat16 parameters (the sum is formed in float32, then cast back on the driver).
+* beside it, in each task's report: which parameters received a gradient (a parameter that got
+  none on every task keeps ``grad = None`` on the driver, as in torch, so optimizers skip it) and
+  the raw bytes of every buffer the task changed (see :func:`combine_buffers` for the rule).
+
+The layout also has a fingerprint (names, shapes, dtypes, trainability of every parameter and
+buffer) that travels with each iteration, so a task whose replica was laid out differently fails
+with a clear error instead of misreading the vector.
 
 Example::
 
     layout = ParamLayout(net)
-    vec = layout.weights_vector(net)   # params then buffers
-    layout.load_weights(net, vec)
+    state = layout.state_vector(net)            # uint8: params then buffers, raw bytes
+    layout.load_state(replica, state)
+    grads, present = layout.gradients(replica)  # after backward()
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from typing import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -25,103 +36,192 @@ from torch import nn
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["ParamLayout"]
+__all__ = ["ParamLayout", "combine_buffers", "summed_presence", "SUPPORTED_PARAM_DTYPES"]
+
+SUPPORTED_PARAM_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+_ALIGN = 8
 
 
 @dataclass(frozen=True)
 class _Slot:
     name: str
     shape: tuple[int, ...]
-    start: int
-    stop: int
     dtype: torch.dtype
+    start: int          # element offset in the gradient vector (parameters only)
+    stop: int
+    byte_start: int     # byte offset in the state vector
+    byte_stop: int
+
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    return torch.empty(0, dtype=dtype).numpy().dtype
+
+
+def _raw(t: torch.Tensor) -> np.ndarray:
+    """The tensor's bytes as a uint8 array (a view where possible)."""
+    flat = t.detach().contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy() if flat.numel() else np.zeros(0, np.uint8)
 
 
 class ParamLayout:
-    """Offsets of each parameter and buffer of a model inside the flat vector."""
+    """Offsets of a model's trainable parameters and buffers (see the module docstring)."""
 
     def __init__(self, model: nn.Module) -> None:
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not params:
             raise InvalidArgumentError("The model has no trainable parameters (requires_grad=True).")
         dtypes = {p.dtype for _, p in params}
-        if len(dtypes) != 1 or not next(iter(dtypes)).is_floating_point:
+        if len(dtypes) != 1 or next(iter(dtypes)) not in SUPPORTED_PARAM_DTYPES:
             raise InvalidArgumentError(
-                "All trainable parameters of the model must share one floating dtype; "
-                f"got {sorted(str(d) for d in dtypes)}.")
-        self.torch_dtype: torch.dtype = next(iter(dtypes))
-        self.numpy_dtype = torch.empty(0, dtype=self.torch_dtype).numpy().dtype
-        offset = 0
+                "All trainable parameters of the model must share one dtype among float64, "
+                f"float32, bfloat16 and float16; got {sorted(str(d) for d in dtypes)}. Convert "
+                "the model with .float(), .double(), .bfloat16() or .half().")
+        self.param_dtype: torch.dtype = next(iter(dtypes))
+        half = self.param_dtype in (torch.float16, torch.bfloat16)
+        self.torch_dtype: torch.dtype = torch.float32 if half else self.param_dtype
+        self.numpy_dtype = _numpy_dtype(self.torch_dtype)
+        """The gradient vector's dtype."""
+        self.data_dtype = (np.dtype(np.float16) if self.param_dtype == torch.float16
+                           else self.numpy_dtype)
+        """The dtype floating training data is stored in (bfloat16 data is kept as float32 and
+        cast by the tasks)."""
+        offset, byte_offset = 0, 0
         self.params: list[_Slot] = []
         for name, p in params:
-            self.params.append(_Slot(name, tuple(p.shape), offset, offset + p.numel(), p.dtype))
+            nbytes = p.numel() * p.element_size()
+            self.params.append(_Slot(name, tuple(p.shape), p.dtype, offset, offset + p.numel(),
+                                     byte_offset, byte_offset + nbytes))
             offset += p.numel()
+            byte_offset += -(-nbytes // _ALIGN) * _ALIGN
         self.num_param_values = offset
+        self.size = offset
+        """Length of the gradient vector."""
         self.buffers: list[_Slot] = []
         for name, b in model.named_buffers():
             if b is None:
                 continue
-            self.buffers.append(_Slot(name, tuple(b.shape), offset, offset + b.numel(), b.dtype))
-            offset += b.numel()
-        self.size = offset
+            nbytes = b.numel() * b.element_size()
+            self.buffers.append(_Slot(name, tuple(b.shape), b.dtype, 0, 0, byte_offset,
+                                      byte_offset + nbytes))
+            byte_offset += -(-nbytes // _ALIGN) * _ALIGN
+        self.state_bytes = byte_offset
+        described = [(n, tuple(t.shape), str(t.dtype), bool(t.requires_grad))
+                     for n, t in model.named_parameters()]
+        described += [(n, tuple(b.shape), str(b.dtype), False) for n, b in model.named_buffers()
+                      if b is not None]
+        self.fingerprint = hashlib.sha1(repr(described).encode()).hexdigest()[:16]
 
-    def _check(self, model: nn.Module) -> None:
-        names = [n for n, p in model.named_parameters() if p.requires_grad]
-        if names != [s.name for s in self.params]:
-            raise InvalidArgumentError(
-                "The model's trainable parameters differ from the layout it was trained with.")
-
-    def weights_vector(self, model: nn.Module) -> np.ndarray:
-        """Parameters and buffers of ``model`` copied into one new vector."""
-        out = np.empty(self.size, dtype=self.numpy_dtype)
-        state = dict(model.named_parameters())
-        state.update(dict(model.named_buffers()))
+    # ----------------------------------------------------------------------- state (weights)
+    def state_vector(self, model: nn.Module) -> np.ndarray:
+        """Trainable parameters and buffers of ``model`` as raw bytes, in one new vector."""
+        out = np.zeros(self.state_bytes, dtype=np.uint8)
+        tensors = dict(model.named_parameters())
+        tensors.update(dict(model.named_buffers()))
         for slot in self.params + self.buffers:
-            out[slot.start:slot.stop] = state[slot.name].detach().reshape(-1).to(
-                self.torch_dtype).cpu().numpy()
+            out[slot.byte_start:slot.byte_stop] = _raw(tensors[slot.name])
         return out
 
-    def load_weights(self, model: nn.Module, vector: np.ndarray) -> None:
-        """Copy a vector made by :meth:`weights_vector` into ``model`` (in place)."""
-        self.load_params(model, vector)
-        self.load_buffers(model, vector)
+    def _tensor(self, state: np.ndarray, slot: _Slot) -> torch.Tensor:
+        raw = torch.from_numpy(np.array(state[slot.byte_start:slot.byte_stop], copy=True))
+        return raw.view(slot.dtype).view(slot.shape)
 
-    def load_params(self, model: nn.Module, vector: np.ndarray) -> None:
-        params = dict(model.named_parameters())
+    def load_state(self, model: nn.Module, state: np.ndarray) -> None:
+        """Copy a vector made by :meth:`state_vector` into ``model`` (in place, bit for bit)."""
+        tensors = dict(model.named_parameters())
+        tensors.update(dict(model.named_buffers()))
         with torch.no_grad():
-            for slot in self.params:
-                src = torch.from_numpy(np.asarray(vector[slot.start:slot.stop]))
-                params[slot.name].copy_(src.view(slot.shape))
+            for slot in self.params + self.buffers:
+                tensors[slot.name].copy_(self._tensor(state, slot))
 
-    def load_buffers(self, model: nn.Module, vector: np.ndarray) -> None:
-        buffers = dict(model.named_buffers())
-        with torch.no_grad():
-            for slot in self.buffers:
-                src = torch.from_numpy(np.asarray(vector[slot.start:slot.stop])).view(slot.shape)
-                if not slot.dtype.is_floating_point:
-                    src = torch.round(src)
-                buffers[slot.name].copy_(src.to(slot.dtype))
+    def buffer_value(self, state: np.ndarray, index: int) -> torch.Tensor:
+        """Buffer ``index`` as it is in ``state``."""
+        return self._tensor(state, self.buffers[index])
 
-    def write_grads(self, model: nn.Module, out: np.ndarray) -> None:
-        """Copy the parameters' ``.grad`` into ``out[:num_param_values]`` (zeros where None)."""
-        params = dict(model.named_parameters())
-        for slot in self.params:
-            g = params[slot.name].grad
-            if g is None:
-                out[slot.start:slot.stop] = 0
-            else:
-                out[slot.start:slot.stop] = g.reshape(-1).numpy()
+    # --------------------------------------------------------------------- task side
+    def gradients(self, model: nn.Module) -> tuple[np.ndarray, np.ndarray]:
+        """The parameters' ``.grad`` as one vector (zeros where None) and which were present."""
+        out = np.zeros(self.size, dtype=self.numpy_dtype)
+        present = np.zeros(len(self.params), dtype=np.int32)
+        tensors = dict(model.named_parameters())
+        for k, slot in enumerate(self.params):
+            g = tensors[slot.name].grad
+            if g is not None:
+                present[k] = 1
+                out[slot.start:slot.stop] = g.detach().reshape(-1).to(self.torch_dtype).numpy()
+        return out, present
 
-    def write_buffers(self, model: nn.Module, out: np.ndarray, scale: float) -> None:
-        """Copy the buffers, multiplied by ``scale``, into their slots of ``out``."""
-        buffers = dict(model.named_buffers())
-        for slot in self.buffers:
-            b = buffers[slot.name].detach().reshape(-1).to(self.torch_dtype).numpy()
-            np.multiply(b, scale, out=out[slot.start:slot.stop])
+    def changed_buffers(self, model: nn.Module, state: np.ndarray) -> dict[int, bytes]:
+        """The raw bytes of every buffer of ``model`` that differs from its value in ``state``."""
+        tensors = dict(model.named_buffers())
+        changed = {}
+        for k, slot in enumerate(self.buffers):
+            raw = _raw(tensors[slot.name])
+            if not np.array_equal(raw, state[slot.byte_start:slot.byte_stop]):
+                changed[k] = raw.tobytes()
+        return changed
 
-    def set_grads(self, model: nn.Module, vector: np.ndarray) -> None:
-        """Make ``vector[:num_param_values]`` the parameters' ``.grad`` (driver side)."""
-        params = dict(model.named_parameters())
-        for slot in self.params:
+    # --------------------------------------------------------------------- driver side
+    def set_grads(self, model: nn.Module, vector: np.ndarray, present: np.ndarray) -> None:
+        """``p.grad`` from the summed vector, cast to the parameter's dtype; None for every
+        parameter that no task gave a gradient (``present[k] == 0``)."""
+        tensors = dict(model.named_parameters())
+        for k, slot in enumerate(self.params):
+            if not present[k]:
+                tensors[slot.name].grad = None
+                continue
             g = torch.from_numpy(np.array(vector[slot.start:slot.stop], copy=True))
-            params[slot.name].grad = g.view(slot.shape)
+            tensors[slot.name].grad = g.view(slot.shape).to(slot.dtype)
+
+    def set_buffers(self, model: nn.Module, values: dict[int, torch.Tensor]) -> None:
+        """Assign new values to the given buffers (in place)."""
+        tensors = dict(model.named_buffers())
+        with torch.no_grad():
+            for k, value in values.items():
+                slot = self.buffers[k]
+                tensors[slot.name].copy_(value.view(slot.shape))
+
+
+def combine_buffers(layout: ParamLayout, state: np.ndarray,
+                    changes: Sequence[tuple[float, dict[int, bytes]]]) -> dict[int, torch.Tensor]:
+    """The new value of every buffer some task changed, from ``(weight, changed)`` per task in
+    partition order (``weight`` = the task's share ``|B_i| / |B|`` of the batch).
+
+    The rule: a buffer no task changed keeps its value bit for bit (it is not in the result); a
+    buffer every task left at one and the same value takes that value bit for bit; otherwise it
+    becomes the sample-weighted average of the tasks' values, computed as
+    ``old + sum_i w_i * (b_i - old)`` in float64 (a task that left it unchanged adds 0), then cast
+    to the buffer's dtype (integers rounded, e.g. BatchNorm's ``num_batches_tracked``).
+    """
+    touched = sorted({k for _, changed in changes for k in changed})
+    out: dict[int, torch.Tensor] = {}
+    for k in touched:
+        slot = layout.buffers[k]
+        old = layout.buffer_value(state, k)
+        values = [changed.get(k) for _, changed in changes]
+        if all(v is not None and v == values[0] for v in values):
+            out[k] = torch.frombuffer(bytearray(values[0]), dtype=slot.dtype).view(slot.shape) \
+                if values[0] else old.clone()
+            continue
+        exact_ints = not (slot.dtype.is_floating_point or slot.dtype.is_complex)
+        base = old.to(torch.int64) if exact_ints else old.to(torch.float64)
+        total = torch.zeros(slot.shape, dtype=torch.float64)
+        for (weight, changed), value in zip(changes, values):
+            if value is None:
+                continue
+            b = torch.frombuffer(bytearray(value), dtype=slot.dtype).view(slot.shape)
+            delta = (b.to(torch.int64) - base) if exact_ints else (b.to(torch.float64) - base)
+            total += weight * delta.to(torch.float64)
+        if exact_ints:
+            out[k] = (base + torch.round(total).to(torch.int64)).to(slot.dtype)
+        else:
+            out[k] = (base + total).to(slot.dtype)
+    return out
+
+
+def summed_presence(presences: Iterable[np.ndarray | None], num_params: int) -> np.ndarray:
+    """How many tasks gave each parameter a gradient (tasks without a report pass None)."""
+    total = np.zeros(num_params, dtype=np.int64)
+    for p in presences:
+        if p is not None:
+            total += p
+    return total
