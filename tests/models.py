@@ -184,3 +184,25 @@ def _kill_executor_jvm() -> None:
         with open(f"/proc/{pid}/stat") as f:
             pid = int(f.read().rsplit(")", 1)[1].split()[1])
     raise RuntimeError("no executor JVM among this worker's ancestors")
+
+
+class AddressRecordingLoss(nn.CrossEntropyLoss):
+    """Cross-entropy that leaves a marker file naming the executor process and the GPU
+    addresses Spark gave the task (``none`` without), in ``directory``."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__()
+        self.directory = directory
+
+    def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        import os
+
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx is not None:
+            gpu = ctx.resources().get("gpu")
+            addresses = "-".join(gpu.addresses) if gpu is not None else "none"
+            name = f"executor-{os.getppid()}-gpu-{addresses}"
+            open(os.path.join(self.directory, name), "w").close()
+        return super().forward(output, target)

@@ -155,26 +155,29 @@ def partitioned_reference_train(model: nn.Module, inputs: tuple[np.ndarray, ...]
                                 y: np.ndarray, criterion: Any,
                                 make_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
                                 plan: BatchPlan, iterations: int, seed: int,
-                                input_dtype: torch.dtype | None = None) -> nn.Module:
+                                input_dtype: torch.dtype | None = None,
+                                autocast: torch.dtype | None = None) -> nn.Module:
     """Single-process PyTorch on the same union batches, each batch processed as the engine's
     documented rule says: every partition's share from the same weights and buffers, random
     layers seeded with ``task_seed(seed, t, i)``, the loss weighted by the share, gradients
     summed in partition order, buffers combined by the rule. ``input_dtype``: floating inputs
     are cast to it (a 16-bit model fed float32 data, as the engine casts it). Runs with one torch
     thread, as tasks do with ``spark.task.cpus=1``: CPU dropout masks depend on the thread count.
+    ``autocast``: forward and loss of every share under ``torch.autocast("cpu", autocast)``.
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         return _partitioned(copy.deepcopy(model), inputs, y, criterion, make_optimizer, plan,
-                            iterations, seed, input_dtype)
+                            iterations, seed, input_dtype, autocast)
     finally:
         torch.set_num_threads(threads)
 
 
 def _partitioned(model: nn.Module, inputs: tuple[np.ndarray, ...], y: np.ndarray, criterion: Any,
                  make_optimizer: Callable[[nn.Module], torch.optim.Optimizer], plan: BatchPlan,
-                 iterations: int, seed: int, input_dtype: torch.dtype | None) -> nn.Module:
+                 iterations: int, seed: int, input_dtype: torch.dtype | None,
+                 autocast: torch.dtype | None) -> nn.Module:
     optimizer = make_optimizer(model)
     for t in range(iterations):
         epoch, step = plan.epoch_and_step(t)
@@ -195,8 +198,9 @@ def _partitioned(model: nn.Module, inputs: tuple[np.ndarray, ...], y: np.ndarray
             if input_dtype is not None:
                 batch_inputs = [b.to(input_dtype) if b.is_floating_point() else b
                                 for b in batch_inputs]
-            out = model(*batch_inputs)
-            (criterion(out, torch.from_numpy(y[idx])) * (counts[i] / batch)).backward()
+            with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=bool(autocast)):
+                loss = criterion(model(*batch_inputs), torch.from_numpy(y[idx]))
+            (loss * (counts[i] / batch)).backward()
             tasks.append((counts[i] / batch,
                           {k: v.detach().clone() for k, v in model.named_buffers()}))
         with torch.no_grad():
@@ -204,3 +208,17 @@ def _partitioned(model: nn.Module, inputs: tuple[np.ndarray, ...], y: np.ndarray
                 dict(model.named_buffers())[k].copy_(v)
         optimizer.step()
     return model
+
+
+class OverflowNet(nn.Module):
+    """Rows whose first feature is above 3 get logits a thousand times larger: under float16
+    autocast their gradient overflows at a large loss scale (an injected inf)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(6, 16)
+        self.fc2 = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        boost = 1.0 + 1000.0 * (x[:, :1] > 3).float()
+        return self.fc2(torch.tanh(self.fc1(x))) * boost

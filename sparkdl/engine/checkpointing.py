@@ -101,6 +101,8 @@ class Checkpoints:
         for trigger, trigger_state in zip(ctx.end_trigger.walk(), state.get("triggers", [])):
             trigger.load_state_dict(trigger_state)
         ctx.best_states = {int(k): v for k, v in state.get("best_states", {}).items()}
+        if ctx.loss_scaler is not None and state.get("loss_scaler") is not None:
+            ctx.loss_scaler.load_state_dict(state["loss_scaler"])
         ctx.iteration = int(state["iteration"])
         ctx.summary = TrainingSummary(
             [IterationRecord(**r) for r in state["summary"]["iterations"]],
@@ -124,6 +126,8 @@ class Checkpoints:
             "torch_rng_state": torch.get_rng_state(),
             "triggers": [t.state_dict() for t in ctx.end_trigger.walk()],
             "best_states": {str(k): v for k, v in ctx.best_states.items()},
+            "loss_scaler": (ctx.loss_scaler.state_dict() if ctx.loss_scaler is not None
+                            else None),
             "summary": {"iterations": [asdict(r) for r in ctx.summary.iterations],
                         "validations": [asdict(v) for v in ctx.summary.validations]},
         }

@@ -42,6 +42,7 @@ from ..argument_checks import (argument_error, check_choice, check_int, check_po
                                check_type)
 from ..data.batch_plan import BatchPlan
 from ..errors import CheckpointError, InvalidArgumentError
+from ..executor.devices import DEVICES
 from ..executor.replicas import ReplicaSpec
 from ..metrics import ValidationMetric
 from ..storage.checkpoint_store import CheckpointStore
@@ -52,12 +53,13 @@ from .arguments import (check_criterion, check_lr_scheduler, check_optimizer,
                         check_training_data)
 from .checkpointing import CheckpointSetup, Checkpoints
 from .clipping import GradientClipping, check_norm_clipping, check_value_clipping
+from .loss_scaling import PRECISIONS, LossScaler
 from .data_checks import DataSpec, dry_run, summarize
 from .progress import check_tensorboard
 from .run_context import RunContext, RunSettings
 from ..runners.interface import RunnerOptions
 from .summary import TrainingSummary
-from .training_loop import TrainingLoop
+from .training_loop import TrainingLoop, needs_closure
 from .validation import Validation
 
 __all__ = ["DistriOptimizer"]
@@ -100,6 +102,13 @@ class DistriOptimizer:
             bfloat16 (half the bytes; sums still formed in full precision; buffers exact).
         num_blocks: number of gradient blocks / reduce partitions of the shuffle; default the
             number of partitions of ``training_rdd``.
+        device: where tasks compute: ``"auto"`` (default: the GPU Spark assigned to the task when
+            it has one and CUDA is available, else the CPU), ``"cpu"``, or ``"cuda"`` (an error
+            before any cluster work when the cluster schedules no GPUs). The optimizer always
+            runs on the driver's CPU.
+        precision: ``"32"`` (default), ``"bf16-mixed"`` (autocast to bfloat16 in the tasks) or
+            ``"16-mixed"`` (autocast to float16 with one global loss scale, decided on the
+            driver by torch GradScaler's rules).
 
     Example::
 
@@ -120,7 +129,8 @@ class DistriOptimizer:
                  lr_scheduler: Any = None, lr_scheduler_step: str = "epoch",
                  micro_batch_size: int | None = None, shuffle: bool = True,
                  allreduce: str = "auto", num_blocks: int | None = None,
-                 progress_bar: bool | None = None, compression: str | None = None) -> None:
+                 progress_bar: bool | None = None, compression: str | None = None,
+                 device: str = "auto", precision: str = "32") -> None:
         self.model = check_type("model", _OWNER, model, nn.Module, "a torch.nn.Module")
         self.training_rdd = check_training_data("training_rdd", _OWNER, training_rdd)
         self.reduction = check_criterion(_OWNER, criterion)
@@ -145,8 +155,15 @@ class DistriOptimizer:
                 allreduce=check_choice("allreduce", _OWNER, allreduce,
                                        ("auto", "shuffle", "driver")),
                 num_blocks=check_positive_int("num_blocks", _OWNER, num_blocks, allow_none=True),
-                compression=check_choice("compression", _OWNER, compression, COMPRESSIONS)),
+                compression=check_choice("compression", _OWNER, compression, COMPRESSIONS),
+                device=check_choice("device", _OWNER, device, DEVICES),
+                precision=check_choice("precision", _OWNER, precision, PRECISIONS)),
             progress_bar=progress_bar)
+        if precision == "16-mixed" and needs_closure(optimizer):
+            raise InvalidArgumentError(
+                f"precision='16-mixed' cannot be used with {type(optimizer).__name__}, whose "
+                "step needs a closure (torch's GradScaler does not support closures either); use "
+                "precision='bf16-mixed' or '32'.")
         self.layout = ParamLayout(model)
         self._validation: Validation | None = None
         self._checkpoint_setup: CheckpointSetup | None = None
@@ -302,6 +319,7 @@ class DistriOptimizer:
         for trigger in self.end_trigger.walk():
             trigger.reset()
         runner = runner_for(self.training_rdd)
+        runner.check_device(self.settings.runner_options.device)
         checkpoints = (Checkpoints(self._checkpoint_setup,
                                    self._checkpoint_store(self._checkpoint_setup.path))
                        if self._checkpoint_setup is not None else None)
@@ -322,7 +340,9 @@ class DistriOptimizer:
                              self.settings.shuffle)
             ctx = RunContext(self.settings, self.model, self.criterion, self.reduction,
                              self.optimizer, self.lr_scheduler, self.layout, self.end_trigger,
-                             runner, train, plan, self._validation, checkpoints, self._clipping)
+                             runner, train, plan, self._validation, checkpoints, self._clipping,
+                             LossScaler() if self.settings.runner_options.precision == "16-mixed"
+                             else None)
             if resumed is not None:
                 checkpoints.restore(ctx, resumed)  # type: ignore[union-attr]
             how = runner.start(ReplicaSpec(self.model, self.criterion, self.reduction),

@@ -66,6 +66,7 @@ class RunContext:
     validation: Any = None        # sparkdl.engine.validation.Validation, or None
     checkpoints: Any = None       # sparkdl.engine.checkpointing.Checkpoints, or None
     clipping: Any = None          # sparkdl.engine.clipping.GradientClipping, or None
+    loss_scaler: Any = None       # sparkdl.engine.loss_scaling.LossScaler for "16-mixed"
     summary: TrainingSummary = field(default_factory=TrainingSummary)
     iteration: int = 0
     best_states: dict[int, dict[str, Any]] = field(default_factory=dict)

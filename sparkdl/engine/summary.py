@@ -23,7 +23,9 @@ class IterationRecord:
     optimizer step, ``broadcast_s`` creating the weights' broadcast; from wall-clock instants
     (see :meth:`sparkdl.transport.allreduce.AllReduceResult.timeline`): ``launch_s`` job submission until
     the last task computes, ``exchange_s`` shuffle write and read until the last reducer starts,
-    ``collect_s`` results travelling to the driver; ``other_s`` the rest of ``wall_s``. Memory:
+    ``collect_s`` results travelling to the driver; ``other_s`` the rest of ``wall_s``. With
+    ``precision="16-mixed"``: the ``loss_scale`` used and whether the step was skipped because
+    the scaled gradient had inf or NaN values. Memory:
     the driver's resident set after the update and the largest Python worker's after its task,
     in bytes."""
 
@@ -41,9 +43,13 @@ class IterationRecord:
     other_s: float
     driver_rss_bytes: int = 0
     worker_rss_bytes: int = 0
+    # spans from the job's wall-clock instants
     launch_s: float = 0.0
     exchange_s: float = 0.0
     collect_s: float = 0.0
+    # precision="16-mixed" only
+    loss_scale: float = 0.0
+    step_skipped: bool = False
 
 
 @dataclass

@@ -67,6 +67,9 @@ class TrainingLoop:
         self.ctx = ctx
         self._metrics: dict[str, float] = (dict(ctx.summary.validations[-1].metrics)
                                            if ctx.summary.validations else {})
+        self._devices: set[str] = set()
+        self._skipped = False
+        self._used_scale = 0.0
 
     def run(self) -> None:
         ctx = self.ctx
@@ -89,9 +92,11 @@ class TrainingLoop:
     def _step_spec(self, epoch: int, step: int) -> StepSpec:
         ctx = self.ctx
         starts, counts = ctx.plan.shares(epoch, step)
+        options = ctx.settings.runner_options
         return StepSpec(ctx.settings.seed, ctx.settings.shuffle, ctx.iteration, epoch, starts,
                         counts, ctx.plan.batch_size_at(step), ctx.settings.micro_batch_size,
-                        ctx.layout.fingerprint)
+                        ctx.layout.fingerprint, options.device, options.precision,
+                        ctx.loss_scaler.scale if ctx.loss_scaler is not None else 1.0)
 
     def _gradients(self, step: StepSpec, weights: np.ndarray) -> AllReduceResult:
         ctx = self.ctx
@@ -100,6 +105,10 @@ class TrainingLoop:
             lambda r: r.missing_partitions, f"iteration {ctx.iteration + 1}")
         if result.vector is None:
             raise SparkdlError(f"iteration {ctx.iteration + 1}: no partition produced a gradient")
+        devices = sorted({r.device for r in result.reports if r.count} - self._devices)
+        if devices:
+            self._devices.update(devices)
+            log.info("tasks compute on %s", ", ".join(devices))
         retried = [r.partition for r in result.reports if r.attempt > 0]
         if retried:
             log.warning("tasks of partitions %s were retried by Spark; the result is unchanged "
@@ -119,7 +128,8 @@ class TrainingLoop:
             t_update = time.perf_counter()
             loss = float(math.fsum(r.loss for r in result.reports))
             lr = float(ctx.optimizer.param_groups[0]["lr"])
-            self._stop_if_not_finite(loss, result.vector)
+            if ctx.loss_scaler is None:
+                self._stop_if_not_finite(loss, result.vector)
             self._update(spec, state_vector, result)
             epoch_finished = step == per_epoch - 1
             if ctx.lr_scheduler is not None and (ctx.settings.lr_scheduler_step == "iteration"
@@ -169,6 +179,9 @@ class TrainingLoop:
 
     def _update(self, spec: StepSpec, state_vector: np.ndarray, first: AllReduceResult) -> None:
         ctx = self.ctx
+        if ctx.loss_scaler is not None:
+            self._scaled_update(spec, state_vector, first)
+            return
         if not needs_closure(ctx.optimizer):
             self._load_sum(spec, state_vector, first)
             ctx.optimizer.step()
@@ -193,6 +206,31 @@ class TrainingLoop:
 
         ctx.optimizer.step(closure)
         ctx.optimizer.zero_grad(set_to_none=True)
+
+    def _scaled_update(self, spec: StepSpec, state_vector: np.ndarray,
+                       result: AllReduceResult) -> None:
+        """``precision="16-mixed"``: GradScaler's rules on the summed, scaled gradient."""
+        ctx = self.ctx
+        scaler = ctx.loss_scaler
+        vector = result.vector
+        assert vector is not None
+        found_inf = not np.isfinite(vector).all()
+        self._skipped = found_inf
+        self._used_scale = scaler.scale
+        if found_inf:
+            if scaler.scale < 2.0 ** -14:      # no scale helps: a real NaN, not an overflow
+                self._stop_if_not_finite(float(math.fsum(r.loss for r in result.reports)),
+                                         vector)
+            log.warning("iteration %d: the gradient at loss scale %g has inf or NaN values; the "
+                        "step is skipped and the scale halved", ctx.iteration + 1, scaler.scale)
+            vector = np.zeros_like(vector)
+        else:
+            vector = vector * scaler.inverse()
+        self._load_sum(spec, state_vector, dataclasses.replace(result, vector=vector))
+        if not found_inf:
+            ctx.optimizer.step()
+        ctx.optimizer.zero_grad(set_to_none=True)
+        scaler.update(found_inf)
 
     # ------------------------------------------------------------------ early stopping
     def _remember_best(self, state: TrainingState) -> None:
@@ -226,7 +264,8 @@ class TrainingLoop:
                         - sum(spans.values())),
             driver_rss_bytes=current_rss_bytes(),
             worker_rss_bytes=max((r.rss_bytes for r in result.reports), default=0),
-            **spans)
+            loss_scale=self._used_scale,
+            step_skipped=self._skipped, **spans)
         self.ctx.summary.iterations.append(record)
         return record
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..transport.flat_layout import ParamLayout
@@ -36,21 +37,27 @@ class ReplicaSpec:
 
 
 class Replica:
-    """A worker's private copy of the model and criterion, with the flat layout."""
+    """A worker's private copy of the model and criterion on one device, with the flat layout
+    (taken on the CPU, before the move, so it matches the driver's)."""
 
-    def __init__(self, spec: ReplicaSpec) -> None:
-        self.model = spec.model
-        self.criterion = spec.criterion
+    def __init__(self, spec: ReplicaSpec, device: str = "cpu") -> None:
+        self.layout = ParamLayout(spec.model)
+        self.device = torch.device(device)
+        self.model = spec.model.to(self.device)
+        criterion = spec.criterion
+        self.criterion = criterion.to(self.device) if isinstance(criterion, nn.Module) else criterion
         self.reduction = spec.reduction
-        self.layout = ParamLayout(self.model)
 
 
-def get_replica(run_key: str, spec_source: Any) -> Replica:
-    """This worker's replica for a run, built from ``spec_source.value`` (a broadcast of the
-    :class:`ReplicaSpec`) on first use."""
-    return _REPLICAS.get_or_create(run_key, lambda: Replica(spec_source.value))
+def get_replica(run_key: str, spec_source: Any, device: str = "cpu") -> Replica:
+    """This worker's replica for a run on ``device``, built from ``spec_source.value`` (a
+    broadcast of the :class:`ReplicaSpec`) on first use. A reused worker may be given another
+    GPU in a later task: it then holds one replica per device."""
+    return _REPLICAS.get_or_create((run_key, device),
+                                   lambda: Replica(spec_source.value, device))
 
 
 def drop_replica(run_key: str) -> None:
-    """Forget a run's replica in this worker."""
-    _REPLICAS.pop(run_key)
+    """Forget a run's replicas (on every device) in this worker."""
+    for key in [k for k in _REPLICAS.keys() if k[0] == run_key]:
+        _REPLICAS.pop(key)

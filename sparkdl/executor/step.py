@@ -49,6 +49,9 @@ class StepSpec:
     batch_size: int
     micro_batch_size: int | None
     layout_fingerprint: str = ""
+    device: str = "cpu"          # the requested device rule: "auto", "cpu" or "cuda"
+    precision: str = "32"        # "32", "bf16-mixed" or "16-mixed"
+    loss_scale: float = 1.0      # the global loss scale of "16-mixed"
 
 
 @dataclass
@@ -66,6 +69,7 @@ class TaskReport:
     finished_at: float = 0.0   # ... and when its vector was ready
     grad_present: np.ndarray | None = None   # per trainable parameter: 1 if it got a gradient
     buffers: dict[int, bytes] = field(default_factory=dict)   # raw bytes of changed buffers
+    device: str = "cpu"        # where it computed, and why
 
 
 def set_task_threads() -> None:
@@ -78,13 +82,24 @@ def set_task_threads() -> None:
         torch.set_num_threads(max(1, int(cpus)))
 
 
-def _to_tensors(features: Sequence[np.ndarray], labels: np.ndarray, dtype: torch.dtype
-                ) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Tensors of a batch; floating values in the model's parameter dtype (bfloat16 data is
-    stored as float32, which numpy can hold)."""
+_AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+
+
+def autocast(precision: str, device: torch.device) -> torch.autocast:
+    """The autocast context of ``precision`` on ``device`` (disabled for "32")."""
+    dtype = _AUTOCAST.get(precision)
+    return torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+
+
+def _to_tensors(features: Sequence[np.ndarray], labels: np.ndarray, dtype: torch.dtype,
+                device: torch.device) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Tensors of a batch on ``device``; floating values in the model's parameter dtype
+    (bfloat16 data is stored as float32, which numpy can hold)."""
     def tensor(a: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(a)
-        return t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t
+        if t.is_floating_point() and t.dtype != dtype:
+            t = t.to(dtype)
+        return t.to(device, non_blocking=True) if device.type != "cpu" else t
 
     return [tensor(f) for f in features], tensor(labels)
 
@@ -134,10 +149,11 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
     mean = replica.reduction == "mean"
     loss_sum = 0.0
     for chunk in _chunks(indices, step.micro_batch_size):
-        inputs, target = _to_tensors(*shard.take(chunk), layout.param_dtype)
-        loss = replica.criterion(model(*inputs), target)
+        inputs, target = _to_tensors(*shard.take(chunk), layout.param_dtype, replica.device)
+        with autocast(step.precision, replica.device):
+            loss = replica.criterion(model(*inputs), target)
         weight = len(chunk) / step.batch_size if mean else 1.0
-        (loss * weight).backward()
+        (loss * (weight * step.loss_scale)).backward()      # the scale is 1 or a power of 2
         loss_sum += float(loss.detach()) * weight
     vector, report.grad_present = layout.gradients(model)
     report.buffers = layout.changed_buffers(model, weights)
@@ -149,8 +165,8 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
 
 
 def compute_metric_sums(shard: Shard | None, replica: Replica, weights: np.ndarray,
-                        metrics: Sequence[ValidationMetric], batch_size: int
-                        ) -> tuple[list[np.ndarray] | None, int]:
+                        metrics: Sequence[ValidationMetric], batch_size: int,
+                        precision: str = "32") -> tuple[list[np.ndarray] | None, int]:
     """Metric sums over all of a partition's validation samples (None if its shard is gone)."""
     if shard is None:
         return None, 0
@@ -161,8 +177,10 @@ def compute_metric_sums(shard: Shard | None, replica: Replica, weights: np.ndarr
     with torch.no_grad():
         for lo in range(0, shard.count, batch_size):
             idx = np.arange(lo, min(lo + batch_size, shard.count))
-            inputs, target = _to_tensors(*shard.take(idx), replica.layout.param_dtype)
-            output = model(*inputs)
+            inputs, target = _to_tensors(*shard.take(idx), replica.layout.param_dtype,
+                                         replica.device)
+            with autocast(precision, replica.device):
+                output = model(*inputs)
             for m, metric in enumerate(metrics):
                 part = metric.partial(output, target, replica.criterion)
                 sums[m] = part if sums[m].size == 0 else sums[m] + part

@@ -21,6 +21,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ..metrics import ValidationMetric
+from .devices import task_device
 from .replicas import Replica, drop_replica, get_replica
 from .shard_store import ShardSummary, build_shard, drop_run, open_shard
 from .step import StepSpec, TaskReport, compute_gradient, compute_metric_sums, set_task_threads
@@ -57,14 +58,18 @@ class GradientTask:
     spec: Any            # broadcast of the cloudpickled ReplicaSpec
     weights: Any         # broadcast of the flat weights
 
-    def replica(self) -> Replica:
-        return get_replica(self.run_key, PickledSpec(self.spec))
-
     def __call__(self, partition: int, summary: Any) -> tuple[np.ndarray | None, TaskReport]:
         set_task_threads()
+        choice = task_device(self.step.device)
         shard = open_shard(self.data_key, partition) if int(self.step.counts[partition]) else None
-        return compute_gradient(self.step, partition, shard, self.replica, self.weights.value,
-                                attempt=_attempt())
+
+        def replica() -> Replica:
+            return get_replica(self.run_key, PickledSpec(self.spec), choice.device)
+
+        vector, report = compute_gradient(self.step, partition, shard, replica,
+                                          self.weights.value, attempt=_attempt())
+        report.device = f"{choice.device} ({choice.reason})"
+        return vector, report
 
 
 @dataclass
@@ -78,15 +83,19 @@ class EvaluationTask:
     weights: Any
     metrics: Sequence[ValidationMetric]
     batch_size: int
+    device: str = "cpu"
+    precision: str = "32"
 
     def __call__(self, partition: int, records: Iterator[Any]
                  ) -> Iterator[tuple[int, list[np.ndarray] | None, int]]:
         for _ in records:
             pass
         set_task_threads()
-        replica = get_replica(self.run_key, PickledSpec(self.spec))
+        replica = get_replica(self.run_key, PickledSpec(self.spec),
+                              task_device(self.device).device)
         sums, count = compute_metric_sums(open_shard(self.data_key, partition), replica,
-                                          self.weights.value, self.metrics, self.batch_size)
+                                          self.weights.value, self.metrics, self.batch_size,
+                                          self.precision)
         yield partition, sums, count
 
 

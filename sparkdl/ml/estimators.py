@@ -147,7 +147,8 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
         engine = DistriOptimizer(model, train_rdd, self.criterion, optimizer,
                                  batch_size=get("batchSize"), end_trigger=MaxEpoch(get("maxEpoch")),
                                  seed=get("seed"), micro_batch_size=get("microBatchSize") or None,
-                                 progress_bar=None if get("progressBar") else False)
+                                 progress_bar=None if get("progressBar") else False,
+                                 device=get("device"), precision=get("precision"))
         if get("tensorboardDir"):
             engine.set_tensorboard(get("tensorboardDir"))
         if val_df is not None:
@@ -254,7 +255,8 @@ class _NNModelBase(Model, MLWritable, MLReadable):
         assert self.module is not None
         single = self._single_output()
         udf = predict_column(self.module, source, get("featureShape"), self.preprocess,
-                             get("inferenceBatchSize"), self._classifier, single)
+                             get("inferenceBatchSize"), self._classifier, single,
+                             get("device"), get("precision"))
         tmp = "_sparkdl_output"
         out = dataset.withColumn(tmp, udf(feature_expression(source)))
         if self._classifier:

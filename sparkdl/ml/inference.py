@@ -15,7 +15,8 @@ import pyarrow as pa
 import torch
 
 from ..data.dataframe_arrays import FeatureSource, arrow_features
-from ..executor.step import set_task_threads
+from ..executor.devices import task_device
+from ..executor.step import autocast, set_task_threads
 from ..executor.worker_cache import WorkerCache
 
 __all__ = ["predict_column"]
@@ -32,17 +33,21 @@ def _unpickled_for_inference(payload: bytes) -> torch.nn.Module:
     return model
 
 
-def _cached_model(key: str, payload: bytes) -> torch.nn.Module:
-    return _MODELS.get_or_create(key, lambda: _unpickled_for_inference(payload))
+def _cached_model(key: str, payload: bytes, device: str) -> torch.nn.Module:
+    """This worker's copy of the model on ``device`` (one per device: a reused worker may be
+    given another GPU in a later task)."""
+    return _MODELS.get_or_create((key, device),
+                                 lambda: _unpickled_for_inference(payload).to(device))
 
 
-def _outputs(model: torch.nn.Module, x: np.ndarray, batch_size: int) -> np.ndarray:
+def _outputs(model: torch.nn.Module, x: np.ndarray, batch_size: int, device: torch.device,
+             precision: str) -> np.ndarray:
     set_task_threads()
     chunks = []
-    with torch.no_grad():
+    with torch.no_grad(), autocast(precision, device):
         for lo in range(0, len(x), batch_size):
-            out = model(torch.from_numpy(np.array(x[lo:lo + batch_size])))
-            chunks.append(out.double().reshape(out.shape[0], -1).numpy())
+            out = model(torch.from_numpy(np.array(x[lo:lo + batch_size])).to(device))
+            chunks.append(out.double().reshape(out.shape[0], -1).cpu().numpy())
     return np.concatenate(chunks) if chunks else np.zeros((0, 0))
 
 
@@ -55,7 +60,8 @@ def _list_array(m: np.ndarray) -> pa.Array:
 
 def predict_column(model: torch.nn.Module, source: FeatureSource, feature_shape: Sequence[int],
                    preprocess: Callable[[np.ndarray], np.ndarray] | None, batch_size: int,
-                   classifier: bool, single_output: bool) -> Any:
+                   classifier: bool, single_output: bool, device: str = "auto",
+                   precision: str = "32") -> Any:
     """An Arrow UDF mapping the feature column to the model's outputs.
 
     Classifier: ``struct<raw: array<double>, probability: array<double>, prediction: double>``.
@@ -73,9 +79,11 @@ def predict_column(model: torch.nn.Module, source: FeatureSource, feature_shape:
         return_type = "double" if single_output else "array<double>"
 
     def predict(batches: Iterator[pa.Array]) -> Iterator[pa.Array]:
-        net = _cached_model(key, payload)
+        target = task_device(device).device
+        net = _cached_model(key, payload, target)
         for column in batches:
-            out = _outputs(net, arrow_features(column, source, shape, preprocess), batch_size)
+            out = _outputs(net, arrow_features(column, source, shape, preprocess), batch_size,
+                           torch.device(target), precision)
             if classifier:
                 if out.shape[1] == 1:  # one logit: binary classification
                     p1 = 1.0 / (1.0 + np.exp(-out[:, 0]))

@@ -16,6 +16,8 @@ from pyspark.ml.param.shared import (HasBatchSize, HasFeaturesCol, HasLabelCol, 
                                      HasValidationIndicatorCol)
 
 from ..argument_checks import argument_error
+from ..engine.loss_scaling import PRECISIONS
+from ..executor.devices import DEVICES
 
 __all__ = ["NNParams", "NNClassifierParams", "OPTIMIZERS", "validate_params"]
 
@@ -37,6 +39,12 @@ _OWN_PARAMS: dict[str, tuple[Any, str]] = {
     "progressBar": (TypeConverters.toBoolean,
                     "show a progress bar while fitting when interactive (a notebook or a "
                     "terminal)"),
+    "device": (TypeConverters.toString,
+               "where tasks compute, in fit and transform: 'auto' (the task's GPU when Spark "
+               "assigned one and CUDA is available, else the CPU), 'cpu' or 'cuda'"),
+    "precision": (TypeConverters.toString,
+                  "'32', 'bf16-mixed' or '16-mixed' (autocast in the tasks; float16 with a "
+                  "global loss scale)"),
     "tensorboardDir": (TypeConverters.toString,
                        "also write training and validation scalars for TensorBoard here "
                        "(\"\": off)"),
@@ -55,7 +63,7 @@ class NNParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasBatchSize, HasL
                          learningRate=1e-3, optimizer="adam", momentum=0.0, weightDecay=0.0,
                          seed=0, numTrainWorkers=0, validationIndicatorCol="",
                          microBatchSize=0, inferenceBatchSize=1024, progressBar=True,
-                         tensorboardDir="")
+                         tensorboardDir="", device="auto", precision="32")
 
     def setParams(self, **params: Any) -> "NNParams":
         """Set any Params by name, e.g. ``setParams(batchSize=64, maxEpoch=3)``."""
@@ -130,3 +138,6 @@ def validate_params(stage: Params) -> None:
                      get("featuresCol"))
     if not get("labelCol"):
         raise _error("labelCol", owner, "a column name", get("labelCol"))
+    for name, choices in (("device", DEVICES), ("precision", PRECISIONS)):
+        if get(name) not in choices:
+            raise _error(name, owner, " or ".join(repr(c) for c in choices), get(name))

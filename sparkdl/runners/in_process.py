@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ..data.records import convert_records
+from ..errors import InvalidArgumentError
 from .interface import PartitionMetrics, RunnerOptions
 from ..executor.replicas import Replica, ReplicaSpec
 from ..executor.shard_store import Shard, ShardSummary, summarize_arrays
@@ -92,6 +93,11 @@ class InProcessRunner:
         self._replica: Replica | None = None
         self._layout: ParamLayout | None = None
         self._codec: Any = None
+        self._precision = "32"
+
+    def check_device(self, device: str) -> None:
+        if device == "cuda" and not torch.cuda.is_available():
+            raise InvalidArgumentError("device='cuda' but CUDA is not available in this process")
 
     def load(self, data: LocalPartitions, name: str, float_dtype: str) -> InProcessData:
         held = InProcessData(name)
@@ -111,7 +117,9 @@ class InProcessRunner:
         from pyspark import cloudpickle
 
         # A worker's replica is unpickled from the broadcast spec: the same round trip here.
-        self._replica = Replica(pickle.loads(cloudpickle.dumps(spec)))
+        device = "cuda:0" if options.device != "cpu" and torch.cuda.is_available() else "cpu"
+        self._replica = Replica(pickle.loads(cloudpickle.dumps(spec)), device)
+        self._precision = options.precision
         self._layout = layout
         self._codec = make_codec(options.compression, layout.numpy_dtype,
                                  layout.num_param_values)
@@ -146,7 +154,7 @@ class InProcessRunner:
         with _task_environment():
             for partition, shard in enumerate(data.shards):
                 sums, count = compute_metric_sums(shard, self._replica_of(), weights,
-                                                  list(metrics), batch_size)
+                                                  list(metrics), batch_size, self._precision)
                 out.append(PartitionMetrics(partition, sums, count))
         return out
 

@@ -51,11 +51,14 @@ class DataHandle(Protocol):
 @dataclass(frozen=True)
 class RunnerOptions:
     """How vectors are summed: ``allreduce`` ("auto", "shuffle", "driver"), the number of
-    blocks of the shuffle, and the wire compression (None or "bf16")."""
+    blocks of the shuffle, and the wire compression (None or "bf16"); where tasks compute
+    (``device``: "auto", "cpu", "cuda") and in which ``precision``."""
 
     allreduce: str = "auto"
     num_blocks: int | None = None
     compression: str | None = None
+    device: str = "auto"
+    precision: str = "32"
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,9 @@ class IterationRunner(Protocol):
 
     spark_context: Any
     """The SparkContext whose Hadoop file systems checkpoints use; None: local files."""
+
+    def check_device(self, device: str) -> None:
+        """Raise a clear error, before any cluster work, if ``device`` cannot be had."""
 
     def load(self, data: Any, name: str, float_dtype: str) -> DataHandle:
         """Hold ``data`` as per-partition shards where the tasks run (one job); bad records are

@@ -32,7 +32,8 @@ from ..executor.replicas import ReplicaSpec
 from ..executor.step import StepSpec
 from ..executor.tasks import EvaluationTask, GradientTask
 from ..metrics import ValidationMetric
-from ..transport.allreduce import AllReduceResult, make_allreduce
+from ..errors import InvalidArgumentError
+from ..transport.allreduce import AllReduceResult, make_allreduce, with_resources
 from ..transport.flat_layout import ParamLayout
 
 __all__ = ["SparkRddRunner"]
@@ -49,6 +50,48 @@ class SparkRddRunner:
         self._held: list[CachedData] = []
         self._spec_bc: Any = None
         self._allreduce: Any = None
+        self._options = RunnerOptions()
+        self._resources: Any = None
+
+    def _conf(self, key: str) -> float:
+        value = self.spark_context.getConf().get(key, "0") or "0"
+        try:
+            return float(value)
+        except ValueError:
+            return 0.0
+
+    def _local_master(self) -> bool:
+        master = self.spark_context.master
+        return master == "local" or master.startswith("local[")
+
+    def check_device(self, device: str) -> None:
+        if device != "cuda":
+            return
+        if self._local_master() or self._conf("spark.executor.resource.gpu.amount") <= 0:
+            raise InvalidArgumentError(
+                "device='cuda' needs GPUs scheduled to the tasks, and this cluster schedules "
+                f"none (master {self.spark_context.master}): set "
+                "spark.executor.resource.gpu.amount (with "
+                "spark.executor.resource.gpu.discoveryScript or your cluster manager's GPU "
+                "settings) and optionally spark.task.resource.gpu.amount; local[N] masters never "
+                "schedule GPUs (use local-cluster, standalone, YARN or Kubernetes). "
+                "device='auto' uses a GPU where there is one and the CPU otherwise.")
+
+    def _task_resources(self, device: str) -> Any:
+        """A task resource profile asking for one GPU per task, when executors have GPUs that
+        tasks do not ask for by default (so only sparkdl's stages hold them); else None."""
+        if device == "cpu" or self._local_master():
+            return None
+        if self._conf("spark.executor.resource.gpu.amount") <= 0 or \
+                self._conf("spark.task.resource.gpu.amount") > 0:
+            return None
+        from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
+
+        cpus = int(self._conf("spark.task.cpus") or 1)
+        requests = TaskResourceRequests().cpus(cpus).resource("gpu", 1.0)
+        log.info("the gradient and validation stages ask for 1 GPU per task through a task "
+                 "resource profile (spark.task.resource.gpu.amount is not set)")
+        return ResourceProfileBuilder().require(requests).build
 
     def load(self, data: Any, name: str, float_dtype: str) -> CachedData:
         cached = CachedData(data, float_dtype, name)
@@ -61,6 +104,8 @@ class SparkRddRunner:
         from pyspark import cloudpickle
 
         self._spec_bc = self.spark_context.broadcast(cloudpickle.dumps(spec))
+        self._options = options
+        self._resources = self._task_resources(options.device)
         self._allreduce = make_allreduce(layout, options.allreduce, train.num_partitions,
                                          options.num_blocks, options.compression)
         return (f"{type(self._allreduce).__name__} all-reduce of {layout.size} values"
@@ -74,7 +119,7 @@ class SparkRddRunner:
         broadcast_s = time.perf_counter() - t0
         try:
             task = GradientTask(self.run_key, data.data_key, step, self._spec_bc, weights_bc)
-            result = self._allreduce.run(data.index_rdd, task)
+            result = self._allreduce.run(data.index_rdd, task, self._resources)
         finally:
             weights_bc.destroy(blocking=False)
         result.broadcast_s = broadcast_s
@@ -87,8 +132,10 @@ class SparkRddRunner:
         weights_bc = self.spark_context.broadcast(weights)
         try:
             task = EvaluationTask(self.run_key, data.data_key, self._spec_bc, weights_bc,
-                                  list(metrics), batch_size)
-            rows = data.index_rdd.mapPartitionsWithIndex(task).collect()
+                                  list(metrics), batch_size, self._options.device,
+                                  self._options.precision)
+            rows = with_resources(data.index_rdd.mapPartitionsWithIndex(task),
+                                  self._resources).collect()
         finally:
             weights_bc.destroy(blocking=False)
         return [PartitionMetrics(p, sums, n) for p, sums, n in sorted(rows, key=lambda r: r[0])]

@@ -31,7 +31,8 @@ from .flat_layout import ParamLayout
 from .frames import keyed_frame, message_frames, raw_output, read_messages, shuffle_frames
 
 __all__ = ["AllReduceResult", "ShuffleAllReduce", "DriverAllReduce", "block_bounds",
-           "choose_allreduce", "make_allreduce", "sum_in_order", "DRIVER_ALLREDUCE_MAX_BYTES"]
+           "choose_allreduce", "make_allreduce", "sum_in_order", "with_resources",
+           "DRIVER_ALLREDUCE_MAX_BYTES"]
 
 DRIVER_ALLREDUCE_MAX_BYTES = 64 << 20
 """``allreduce="auto"`` sums at the driver while the driver would receive at most this many bytes
@@ -94,6 +95,12 @@ class AllReduceResult:
         return sorted(r.partition for r in self.reports if r.missing_shard)
 
 
+def with_resources(rdd: RDD, resources: Any) -> RDD:
+    """``rdd`` computed in a stage that asks for ``resources`` (a ResourceProfile), if any.
+    This creates the RDD's JVM side: mark it :func:`raw_output` first, if it is one."""
+    return rdd.withResources(resources) if resources is not None else rdd
+
+
 def block_bounds(size: int, num_blocks: int) -> np.ndarray:
     """Edges of ``num_blocks`` contiguous, nearly equal blocks of a vector of ``size``."""
     k = max(1, min(int(num_blocks), size))
@@ -133,7 +140,9 @@ class ShuffleAllReduce:
         self.num_blocks = len(self.bounds) - 1
         self.codec = codec if codec is not None else ExactCodec(self.dtype)
 
-    def run(self, index_rdd: RDD, local_fn: LocalFn) -> AllReduceResult:
+    def run(self, index_rdd: RDD, local_fn: LocalFn, resources: Any = None) -> AllReduceResult:
+        """One job: ``local_fn`` on every partition of ``index_rdd`` (in a stage that asks for
+        ``resources``, a ResourceProfile, when given; the reduce stage asks for none)."""
         bounds, num_blocks, codec = self.bounds, self.num_blocks, self.codec
 
         def map_side(partition: int, records: Iterator[Any]) -> Iterator[Any]:
@@ -157,7 +166,8 @@ class ShuffleAllReduce:
                 (k, reports, time.perf_counter() - t0, started_at, time.time()), total)
 
         submitted_at = time.time()
-        shuffled = shuffle_frames(index_rdd.mapPartitionsWithIndex(map_side), num_blocks)
+        mapped = raw_output(index_rdd.mapPartitionsWithIndex(map_side))   # before its _jrdd
+        shuffled = shuffle_frames(with_resources(mapped, resources), num_blocks)
         frames = raw_output(shuffled.mapPartitionsWithIndex(reduce_side)).collect()
         result = AllReduceResult(np.empty(self.size, dtype=self.dtype), submitted_at=submitted_at,
                                  returned_at=time.time())
@@ -182,7 +192,8 @@ class DriverAllReduce:
         self.dtype = np.dtype(dtype)
         self.codec = codec if codec is not None else ExactCodec(self.dtype)
 
-    def run(self, index_rdd: RDD, local_fn: LocalFn) -> AllReduceResult:
+    def run(self, index_rdd: RDD, local_fn: LocalFn, resources: Any = None) -> AllReduceResult:
+        """One job, one stage (asking for ``resources`` when given)."""
         codec = self.codec
 
         def map_side(partition: int, records: Iterator[Any]) -> Iterator[Any]:
@@ -191,7 +202,8 @@ class DriverAllReduce:
             yield from message_frames(report, None if vector is None else codec.encode(vector, 0))
 
         submitted_at = time.time()
-        frames = raw_output(index_rdd.mapPartitionsWithIndex(map_side)).collect()
+        mapped = raw_output(index_rdd.mapPartitionsWithIndex(map_side))   # before its _jrdd
+        frames = with_resources(mapped, resources).collect()
         returned_at, t0 = time.time(), time.perf_counter()
         messages = list(read_messages(frames))
         vector = sum_in_order(((r.partition, b) for r, b in messages), codec, 0, self.size)

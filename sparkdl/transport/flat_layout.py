@@ -59,7 +59,7 @@ def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
 
 def _raw(t: torch.Tensor) -> np.ndarray:
     """The tensor's bytes as a uint8 array (a view where possible)."""
-    flat = t.detach().contiguous().reshape(-1)
+    flat = t.detach().cpu().contiguous().reshape(-1)
     return flat.view(torch.uint8).numpy() if flat.numel() else np.zeros(0, np.uint8)
 
 
@@ -110,6 +110,24 @@ class ParamLayout:
         described += [(n, tuple(b.shape), str(b.dtype), False) for n, b in model.named_buffers()
                       if b is not None]
         self.fingerprint = hashlib.sha1(repr(described).encode()).hexdigest()[:16]
+        self._pinned: dict[str, torch.Tensor] = {}      # reused page-locked host buffers
+
+    def _host_buffer(self, name: str, size: int, dtype: torch.dtype) -> torch.Tensor:
+        """A page-locked host buffer for transfers to and from a GPU, allocated once."""
+        buf = self._pinned.get(name)
+        if buf is None or buf.numel() != size or buf.dtype != dtype:
+            buf = torch.empty(size, dtype=dtype).pin_memory()
+            self._pinned[name] = buf
+        return buf
+
+    def _state_on(self, state: np.ndarray, device: torch.device) -> torch.Tensor:
+        """The state vector as a uint8 tensor on ``device`` (one host-to-device copy)."""
+        host = torch.from_numpy(state if state.flags.writeable else state.copy())
+        if device.type != "cuda":
+            return host
+        pinned = self._host_buffer("state", host.numel(), torch.uint8)
+        pinned.copy_(host)
+        return pinned.to(device, non_blocking=True)
 
     # ----------------------------------------------------------------------- state (weights)
     def state_vector(self, model: nn.Module) -> np.ndarray:
@@ -126,12 +144,16 @@ class ParamLayout:
         return raw.view(slot.dtype).view(slot.shape)
 
     def load_state(self, model: nn.Module, state: np.ndarray) -> None:
-        """Copy a vector made by :meth:`state_vector` into ``model`` (in place, bit for bit)."""
+        """Copy a vector made by :meth:`state_vector` into ``model`` (in place, bit for bit), on
+        whichever device the model is."""
         tensors = dict(model.named_parameters())
         tensors.update(dict(model.named_buffers()))
+        device = next(iter(tensors.values())).device
+        blob = self._state_on(state, device)
         with torch.no_grad():
             for slot in self.params + self.buffers:
-                tensors[slot.name].copy_(self._tensor(state, slot))
+                part = blob[slot.byte_start:slot.byte_stop]
+                tensors[slot.name].copy_(part.view(slot.dtype).view(slot.shape))
 
     def buffer_value(self, state: np.ndarray, index: int) -> torch.Tensor:
         """Buffer ``index`` as it is in ``state``."""
@@ -140,13 +162,22 @@ class ParamLayout:
     # --------------------------------------------------------------------- task side
     def gradients(self, model: nn.Module) -> tuple[np.ndarray, np.ndarray]:
         """The parameters' ``.grad`` as one vector (zeros where None) and which were present."""
-        out = np.zeros(self.size, dtype=self.numpy_dtype)
         present = np.zeros(len(self.params), dtype=np.int32)
         tensors = dict(model.named_parameters())
-        for k, slot in enumerate(self.params):
-            g = tensors[slot.name].grad
+        grads = [tensors[slot.name].grad for slot in self.params]
+        for k, g in enumerate(grads):
+            present[k] = g is not None
+        device = tensors[self.params[0].name].device
+        if device.type == "cuda":      # one device-to-host copy through a reused pinned buffer
+            flat = torch.cat([g.detach().reshape(-1).to(self.torch_dtype) if g is not None else
+                              torch.zeros(s.stop - s.start, dtype=self.torch_dtype,
+                                          device=device) for g, s in zip(grads, self.params)])
+            pinned = self._host_buffer("grads", self.size, self.torch_dtype)
+            pinned.copy_(flat)
+            return pinned.numpy().copy(), present
+        out = np.zeros(self.size, dtype=self.numpy_dtype)
+        for g, slot in zip(grads, self.params):
             if g is not None:
-                present[k] = 1
                 out[slot.start:slot.stop] = g.detach().reshape(-1).to(self.torch_dtype).numpy()
         return out, present
 

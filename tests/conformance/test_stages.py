@@ -23,6 +23,7 @@ INVALID = {  # Param -> a value of the right JSON type that is out of range
     "batchSize": 0, "maxEpoch": -1, "learningRate": 0.0, "momentum": -0.5, "weightDecay": -1.0,
     "optimizer": "lbfgs", "numTrainWorkers": -2, "microBatchSize": -1,
     "inferenceBatchSize": 0, "featureShape": [0, 4], "labelCol": "",
+    "device": "gpu", "precision": "fp8",
 }
 
 

@@ -1,0 +1,74 @@
+"""GPU scheduling without GPUs: a local-cluster whose workers report fake GPUs (own process).
+
+    python gpu_cluster_job.py MODE DISCOVERY_SCRIPT MARKER_DIR OUT.json OUT.pt
+
+MODE ``global``: every task asks for a GPU (spark.task.resource.gpu.amount=1).
+MODE ``profile``: executors have GPUs but tasks ask for none by default; sparkdl's gradient stage
+asks for one through a task resource profile.
+
+Writes what plain (ETL) tasks saw, which GPU addresses the gradient tasks were given (markers
+written by the criterion) and the engine's log of its device decisions; saves the weights.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from models import AddressRecordingLoss, SmallNet, classification_data, make_rdd  # noqa: E402
+
+
+def main() -> None:
+    mode, script, markers, out_json, out_pt = sys.argv[1:6]
+    from pyspark.sql import SparkSession
+
+    from conftest import spark_builder
+    from sparkdl import DistriOptimizer
+    from sparkdl.triggers import MaxIteration
+
+    builder = (spark_builder("local-cluster[2,1,1024]")
+               .config("spark.worker.resource.gpu.amount", "2")
+               .config("spark.worker.resource.gpu.discoveryScript", script)
+               .config("spark.executor.resource.gpu.amount", "2")
+               .config("spark.executor.resource.gpu.discoveryScript", script))
+    if mode == "global":
+        builder = builder.config("spark.task.resource.gpu.amount", "1")
+    spark: SparkSession = builder.getOrCreate()
+    sc = spark.sparkContext
+    sc.setLogLevel("ERROR")
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda r: records.append(r.getMessage())   # type: ignore[method-assign]
+    logging.getLogger("sparkdl").addHandler(handler)
+    logging.getLogger("sparkdl").setLevel(logging.INFO)
+
+    def etl(_):
+        from pyspark import TaskContext
+
+        gpu = TaskContext.get().resources().get("gpu")
+        return list(gpu.addresses) if gpu is not None else []
+
+    etl_seen = sc.parallelize(range(4), 4).map(etl).collect()
+    x, y = classification_data(100, seed=1)
+    torch.manual_seed(7)
+    net = SmallNet()
+    opt = DistriOptimizer(net, make_rdd(sc, list(zip(x, y)), [40, 25, 35]),
+                          AddressRecordingLoss(markers), torch.optim.SGD(net.parameters(), lr=0.1),
+                          batch_size=16, end_trigger=MaxIteration(4), seed=5, device="auto",
+                          allreduce="shuffle", progress_bar=False)
+    opt.optimize()
+    torch.save(net.state_dict(), out_pt)
+    with open(out_json, "w") as f:
+        json.dump({"etl": etl_seen, "markers": sorted(os.listdir(markers)),
+                   "log": [m for m in records if "device" in m or "GPU" in m]}, f)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
