@@ -102,6 +102,8 @@ class Loss(ValidationMetric):
 
     def partial(self, output: Any, target: torch.Tensor, criterion: Any) -> np.ndarray:
         crit = self.criterion if self.criterion is not None else criterion
+        if isinstance(crit, torch.nn.Module):
+            crit = crit.to(target.device)
         value = float(crit(output, target))
         n = float(target.shape[0])
         if getattr(crit, "reduction", "mean") == "sum":

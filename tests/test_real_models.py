@@ -296,3 +296,23 @@ def test_a_mixed_dtype_model_is_refused_clearly(sc):
                                                    r"bfloat16 and float16"):
         DistriOptimizer(net, make_rdd(sc, [(np.zeros(6), 0)], [1]), torch.nn.CrossEntropyLoss(),
                         torch.optim.SGD(net.parameters(), lr=0.1), batch_size=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_estimators_fit_and_transform_a_non_float32_model(spark, dtype):
+    from sparkdl import NNEstimator
+
+    rng = np.random.default_rng(15)
+    x = rng.normal(size=(64, 4))
+    df = spark.createDataFrame([(row.tolist(), float(row.sum())) for row in x],
+                               ["features", "label"])
+    est = NNEstimator(model=lambda: torch.nn.Sequential(torch.nn.Linear(4, 1),
+                                                        torch.nn.Flatten(0)).to(dtype),
+                      criterion=torch.nn.MSELoss(), batchSize=16, maxEpoch=2, seed=1,
+                      learningRate=0.05, progressBar=False)
+    model = est.fit(df)
+    assert model.module[0].weight.dtype == dtype
+    rows = model.transform(df).select("label", "prediction").collect()
+    with torch.no_grad():
+        expected = model.module(torch.from_numpy(x).to(dtype)).double().numpy()
+    assert np.allclose([r.prediction for r in rows], expected, rtol=1e-6, atol=1e-6)

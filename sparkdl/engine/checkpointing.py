@@ -27,7 +27,7 @@ from torch import nn
 from ..errors import CheckpointError
 from ..storage.checkpoint_store import FORMAT_VERSION, CheckpointStore
 from ..triggers import Trigger
-from .run_context import RunContext
+from .run_context import KEY_DEFAULTS, RunContext
 from .summary import IterationRecord, TrainingSummary, ValidationRecord
 
 __all__ = ["CheckpointSetup", "Checkpoints"]
@@ -51,6 +51,12 @@ def _model_class(model: nn.Module) -> str:
 
 def _model_signature(model: nn.Module) -> list[list[Any]]:
     return [[name, list(t.shape)] for name, t in model.state_dict().items()]
+
+
+def _non_persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Buffers that ``state_dict()`` leaves out but that train like the others."""
+    saved = model.state_dict()
+    return {k: v.detach().clone() for k, v in model.named_buffers() if k not in saved}
 
 
 class Checkpoints:
@@ -87,13 +93,18 @@ class Checkpoints:
         run (seed, batch size, shuffling, partition sizes)."""
         name = self.store.file_name(int(state["iteration"]))
         for key, value in ctx.settings.reproducibility_key(ctx.plan).items():
-            if state["run"].get(key) != value:
+            theirs = state["run"].get(key, KEY_DEFAULTS.get(key))
+            if theirs != value:
                 raise CheckpointError(
                     f"The checkpoint {name} was written by a run with {key}="
-                    f"{state['run'].get(key)}, but this run has {key}={value}: resuming would not "
+                    f"{theirs}, but this run has {key}={value}: resuming would not "
                     "reproduce the interrupted run. Use the same data partitioning and settings, "
                     "or a new checkpoint directory.")
         ctx.model.load_state_dict(state["model_state"])
+        buffers = dict(ctx.model.named_buffers())
+        with torch.no_grad():
+            for buffer_name, value in state.get("other_buffers", {}).items():
+                buffers[buffer_name].copy_(value)
         ctx.optimizer.load_state_dict(state["optimizer_state"])
         if ctx.lr_scheduler is not None and state.get("scheduler_state") is not None:
             ctx.lr_scheduler.load_state_dict(state["scheduler_state"])
@@ -117,6 +128,7 @@ class Checkpoints:
             "model_class": _model_class(ctx.model),
             "model_signature": _model_signature(ctx.model),
             "model_state": {k: v.detach().clone() for k, v in ctx.model.state_dict().items()},
+            "other_buffers": _non_persistent_buffers(ctx.model),
             "optimizer_state": ctx.optimizer.state_dict(),
             "scheduler_state": (ctx.lr_scheduler.state_dict()
                                 if ctx.lr_scheduler is not None else None),

@@ -9,20 +9,22 @@ builds one :class:`~sparkdl.engine.run_context.RunContext` and hands it to the
 
 One iteration (see docs/architecture.md):
 
-1. the driver ships the current weights (one flat vector) to every task;
+1. the driver ships the current state (parameters and buffers, raw bytes) to every task;
 2. each task takes its partition's share of the global batch from the shard cached on its
-   executor, loads the weights into the model replica kept in its Python worker and computes
-   ``(|B_i| / |B|) * grad of the mean loss on B_i`` (plus its buffers, weighted the same way);
+   executor, loads the state into the model replica kept in its Python worker and computes
+   ``(|B_i| / |B|) * grad of the mean loss on B_i`` (and reports the buffers it changed);
 3. the AllReduce sums those vectors over partitions in partition order, and the driver gets the
    sum;
 4. the driver puts the sum into ``p.grad`` and calls the user's own ``optimizer.step()`` (and
    ``lr_scheduler.step()``), exactly as single-process PyTorch would on the union batch.
 
 Model buffers (BatchNorm running statistics) are not gradients. The rule: every task runs its
-forward passes in training mode starting from the broadcast buffers, and after the iteration the
-model's buffers become the sample-weighted average of the tasks' buffers (integer buffers such as
-``num_batches_tracked`` rounded). With one partition this is exactly single-process training;
-BatchNorm's batch statistics are per task (per micro-batch), as in PyTorch DDP without SyncBN.
+forward passes in training mode starting from the broadcast buffers; after the iteration a buffer
+no task changed is bitwise unchanged, one every task set to the same value takes it bitwise, and
+any other becomes the sample-weighted average of the tasks' values (integers such as
+``num_batches_tracked`` rounded; :func:`sparkdl.transport.flat_layout.combine_buffers`). With one
+partition this is exactly single-process training; BatchNorm's batch statistics are per task
+(per micro-batch), as in PyTorch DDP without SyncBN.
 
 Randomness: batches come from :class:`~sparkdl.data.batch_plan.BatchPlan`; random layers
 (dropout) in task ``i`` of iteration ``t`` draw from torch's generator seeded with
@@ -132,6 +134,12 @@ class DistriOptimizer:
                  progress_bar: bool | None = None, compression: str | None = None,
                  device: str = "auto", precision: str = "32") -> None:
         self.model = check_type("model", _OWNER, model, nn.Module, "a torch.nn.Module")
+        devices = sorted({str(t.device) for t in list(model.parameters()) + list(model.buffers())})
+        if devices and devices != ["cpu"]:
+            raise InvalidArgumentError(
+                f"The 'model' argument of {_OWNER} must be on the CPU (it is on {devices}): the "
+                "optimizer runs on the driver's CPU and every task moves its own replica to its "
+                "device (device='auto' or 'cuda'). Pass the model before .cuda() / .to(...).")
         self.training_rdd = check_training_data("training_rdd", _OWNER, training_rdd)
         self.reduction = check_criterion(_OWNER, criterion)
         self.criterion = criterion

@@ -26,7 +26,7 @@ from ..triggers import Trigger
 from ..runners.interface import DataHandle, IterationRunner, RunnerOptions
 from .summary import TrainingSummary
 
-__all__ = ["RunSettings", "RunContext"]
+__all__ = ["RunSettings", "RunContext", "KEY_DEFAULTS"]
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,17 @@ class RunSettings:
 
     def reproducibility_key(self, plan: BatchPlan) -> dict[str, Any]:
         """What a resumed run must share with the checkpointed one to reproduce it bitwise."""
+        options = self.runner_options
         return {"seed": self.seed, "batch_size": self.batch_size, "shuffle": self.shuffle,
-                "partition_sizes": [int(n) for n in plan.partition_sizes]}
+                "partition_sizes": [int(n) for n in plan.partition_sizes],
+                "micro_batch_size": self.micro_batch_size,
+                "lr_scheduler_step": self.lr_scheduler_step,
+                "compression": options.compression, "precision": options.precision}
+
+
+KEY_DEFAULTS: dict[str, Any] = {"micro_batch_size": None, "lr_scheduler_step": "epoch",
+                                "compression": None, "precision": "32"}
+"""What checkpoints written before a setting joined the key had (they could not differ)."""
 
 
 @dataclass

@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import logging
@@ -75,9 +76,11 @@ class TrainingLoop:
         ctx = self.ctx
         per_epoch = ctx.plan.iterations_per_epoch
         if ctx.iteration > 0:
+            last = ctx.summary.iterations[-1].loss if ctx.summary.iterations else None
             state = TrainingState(ctx.iteration, ctx.iteration // per_epoch,
-                                  ctx.iteration % per_epoch == 0)
+                                  ctx.iteration % per_epoch == 0, last, dict(self._metrics))
             if ctx.end_trigger(state):
+                self._restore_best()
                 log.info("the end trigger had already fired at iteration %d: nothing to train",
                          ctx.iteration)
                 return
@@ -188,6 +191,7 @@ class TrainingLoop:
             ctx.optimizer.zero_grad(set_to_none=True)
             return
         pending: list[AllReduceResult] = [first]
+        before = copy.deepcopy(ctx.optimizer.state_dict())
 
         def closure() -> torch.Tensor:
             # The first evaluation is the job already run; every later one is a new job on the
@@ -199,7 +203,9 @@ class TrainingLoop:
                 result = self._gradients(spec, weights)
                 loss = float(math.fsum(r.loss for r in result.reports))
                 if not (math.isfinite(loss) and np.isfinite(result.vector).all()):
+                    # back to the state before this step, then the NaN policy
                     ctx.layout.load_state(ctx.model, state_vector)
+                    ctx.optimizer.load_state_dict(before)
                     self._stop_if_not_finite(loss, result.vector)
             self._load_sum(spec, weights, result)
             return torch.tensor(math.fsum(r.loss for r in result.reports), dtype=torch.float64)

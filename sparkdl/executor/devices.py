@@ -84,6 +84,16 @@ def choose_device(requested: str, addresses: list[str], cuda_available: bool,
     return DeviceChoice(f"cuda:{ordinal}", physical, f"GPU address {address}")
 
 
+def _deterministic_cuda() -> None:
+    """Deterministic kernels for GPU tasks (same seed, same weights): set before the first CUDA
+    call of this process; ops without a deterministic kernel warn rather than fail."""
+    import torch
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+
+
 def task_gpu_addresses() -> list[str]:
     """The GPU addresses Spark assigned to the running task (empty outside a task)."""
     from pyspark import TaskContext
@@ -106,6 +116,8 @@ def task_device(requested: str) -> DeviceChoice:
     count = torch.cuda.device_count() if available else 0
     choice = choose_device(requested, addresses, available, count,
                            os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if choice.device.startswith("cuda"):
+        _deterministic_cuda()
     key = (choice.device, choice.reason)
     if key not in _LOGGED:
         _LOGGED.add(key)

@@ -178,12 +178,18 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
         return NNStageReader(cls)
 
 
+def _as_model_input(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t.to(dtype) if t.is_floating_point() else t
+
+
 def _output_size(model: nn.Module, engine: DistriOptimizer) -> int:
     """Values per row of the model's output, from a few training samples."""
     was_training = model.training
     model.eval()
+    dtype = engine.layout.param_dtype
     with torch.no_grad():
-        out = model(*[torch.from_numpy(np.array(f)) for f in engine.data_spec.sample_features])
+        out = model(*[_as_model_input(torch.from_numpy(np.array(f)), dtype)
+                      for f in engine.data_spec.sample_features])
     model.train(was_training)
     return int(np.prod(out.shape[1:]))
 

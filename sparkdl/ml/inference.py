@@ -43,10 +43,14 @@ def _cached_model(key: str, payload: bytes, device: str) -> torch.nn.Module:
 def _outputs(model: torch.nn.Module, x: np.ndarray, batch_size: int, device: torch.device,
              precision: str) -> np.ndarray:
     set_task_threads()
+    dtype = next(model.parameters()).dtype
     chunks = []
     with torch.no_grad(), autocast(precision, device):
         for lo in range(0, len(x), batch_size):
-            out = model(torch.from_numpy(np.array(x[lo:lo + batch_size])).to(device))
+            batch = torch.from_numpy(np.array(x[lo:lo + batch_size]))
+            if batch.is_floating_point():
+                batch = batch.to(dtype)             # float64, bfloat16, float16 models alike
+            out = model(batch.to(device))
             chunks.append(out.double().reshape(out.shape[0], -1).cpu().numpy())
     return np.concatenate(chunks) if chunks else np.zeros((0, 0))
 

@@ -144,7 +144,7 @@ class InProcessRunner:
                               self._codec.encode(vector, 0)))
         returned_at, t0 = time.time(), time.perf_counter()
         vector = sum_in_order(parts, self._codec, 0, self._layout.size)
-        return AllReduceResult(vector, reports, time.perf_counter() - t0,
+        return AllReduceResult(vector, reduce_s=time.perf_counter() - t0, reports=reports,
                                submitted_at=submitted_at, returned_at=returned_at)
 
     def evaluate(self, data: InProcessData, weights: np.ndarray,

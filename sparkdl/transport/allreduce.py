@@ -66,9 +66,9 @@ class AllReduceResult:
     broadcast (set by the runner that made one)."""
 
     vector: np.ndarray | None
-    reports: list[Any] = field(default_factory=list)
     reduce_s: float = 0.0
     broadcast_s: float = 0.0
+    reports: list[Any] = field(default_factory=list)
     submitted_at: float = 0.0
     reduce_started_at: float = 0.0
     reduce_finished_at: float = 0.0
@@ -208,7 +208,7 @@ class DriverAllReduce:
         messages = list(read_messages(frames))
         vector = sum_in_order(((r.partition, b) for r, b in messages), codec, 0, self.size)
         reports = sorted((r for r, _ in messages), key=lambda r: r.partition)
-        return AllReduceResult(vector, reports, time.perf_counter() - t0,
+        return AllReduceResult(vector, reduce_s=time.perf_counter() - t0, reports=reports,
                                submitted_at=submitted_at, returned_at=returned_at)
 
 

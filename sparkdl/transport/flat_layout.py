@@ -28,18 +28,18 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, SparkdlError
 
 __all__ = ["ParamLayout", "combine_buffers", "summed_presence", "SUPPORTED_PARAM_DTYPES"]
 
 SUPPORTED_PARAM_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
-_ALIGN = 8
+_ALIGN = 16
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,7 @@ class ParamLayout:
                       if b is not None]
         self.fingerprint = hashlib.sha1(repr(described).encode()).hexdigest()[:16]
         self._pinned: dict[str, torch.Tensor] = {}      # reused page-locked host buffers
+        self._pinned_copy: Any = None                   # CUDA event of the last copy from one
 
     def _host_buffer(self, name: str, size: int, dtype: torch.dtype) -> torch.Tensor:
         """A page-locked host buffer for transfers to and from a GPU, allocated once."""
@@ -125,9 +126,15 @@ class ParamLayout:
         host = torch.from_numpy(state if state.flags.writeable else state.copy())
         if device.type != "cuda":
             return host
+        pending = self._pinned_copy
+        if pending is not None:
+            pending.synchronize()           # the last copy out of the buffer has finished
         pinned = self._host_buffer("state", host.numel(), torch.uint8)
         pinned.copy_(host)
-        return pinned.to(device, non_blocking=True)
+        on_device = pinned.to(device, non_blocking=True)
+        self._pinned_copy = torch.cuda.Event()
+        self._pinned_copy.record()
+        return on_device
 
     # ----------------------------------------------------------------------- state (weights)
     def state_vector(self, model: nn.Module) -> np.ndarray:
@@ -221,7 +228,9 @@ def combine_buffers(layout: ParamLayout, state: np.ndarray,
     buffer every task left at one and the same value takes that value bit for bit; otherwise it
     becomes the sample-weighted average of the tasks' values, computed as
     ``old + sum_i w_i * (b_i - old)`` in float64 (a task that left it unchanged adds 0), then cast
-    to the buffer's dtype (integers rounded, e.g. BatchNorm's ``num_batches_tracked``).
+    to the buffer's dtype (integers rounded, e.g. BatchNorm's ``num_batches_tracked``). Where the
+    old value is not finite (an observer's ``min_val = inf``) the average is
+    ``sum_i w_i * b_i`` with the old value for tasks that kept it.
     """
     touched = sorted({k for _, changed in changes for k in changed})
     out: dict[int, torch.Tensor] = {}
@@ -229,23 +238,33 @@ def combine_buffers(layout: ParamLayout, state: np.ndarray,
         slot = layout.buffers[k]
         old = layout.buffer_value(state, k)
         values = [changed.get(k) for _, changed in changes]
+        nbytes = slot.byte_stop - slot.byte_start
+        resized = [len(v) for v in values if v is not None and len(v) != nbytes]
+        if resized:
+            raise SparkdlError(
+                f"The buffer {slot.name!r} changed its size in a task ({resized[0]} bytes instead "
+                f"of {nbytes}): buffers must keep their shape during training (materialize lazy "
+                "modules and resizing observers with one forward pass before training).")
         if all(v is not None and v == values[0] for v in values):
             out[k] = torch.frombuffer(bytearray(values[0]), dtype=slot.dtype).view(slot.shape) \
                 if values[0] else old.clone()
             continue
         exact_ints = not (slot.dtype.is_floating_point or slot.dtype.is_complex)
-        base = old.to(torch.int64) if exact_ints else old.to(torch.float64)
-        total = torch.zeros(slot.shape, dtype=torch.float64)
+        wide = torch.int64 if exact_ints else (torch.complex128 if slot.dtype.is_complex
+                                               else torch.float64)
+        base = old.to(wide)
+        total = torch.zeros(slot.shape, dtype=torch.complex128 if slot.dtype.is_complex
+                            else torch.float64)
+        plain = torch.zeros_like(total)
         for (weight, changed), value in zip(changes, values):
-            if value is None:
-                continue
-            b = torch.frombuffer(bytearray(value), dtype=slot.dtype).view(slot.shape)
-            delta = (b.to(torch.int64) - base) if exact_ints else (b.to(torch.float64) - base)
-            total += weight * delta.to(torch.float64)
+            b = (base if value is None else
+                 torch.frombuffer(bytearray(value), dtype=slot.dtype).view(slot.shape).to(wide))
+            total += weight * (b - base).to(total.dtype)
+            plain += weight * b.to(total.dtype)
         if exact_ints:
             out[k] = (base + torch.round(total).to(torch.int64)).to(slot.dtype)
         else:
-            out[k] = (base + total).to(slot.dtype)
+            out[k] = torch.where(torch.isfinite(base), base + total, plain).to(slot.dtype)
     return out
 
 
