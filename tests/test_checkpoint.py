@@ -125,3 +125,18 @@ def test_checkpoint_of_another_batch_size_is_refused(sc, tmp_path):
     with pytest.raises(CheckpointError, match=r"written by a run with batch_size=20, but this "
                                               r"run has batch_size=10"):
         opt.optimize()
+
+
+def test_the_shared_hadoop_filesystem_is_not_reconfigured(sc, tmp_path):
+    from sparkdl.storage.hadoop_files import write_bytes
+
+    write_bytes(sc, str(tmp_path), b"sparkdl", "private.bin")
+    assert (tmp_path / "private.bin").read_bytes() == b"sparkdl"
+    assert not (tmp_path / ".private.bin.crc").exists()      # sparkdl's own files: no .crc
+    jvm = sc._jvm
+    path = jvm.org.apache.hadoop.fs.Path(str(tmp_path / "theirs.bin"))
+    fs = path.getFileSystem(sc._jsc.hadoopConfiguration())   # the JVM's shared instance
+    out = fs.create(path, True)
+    out.write(bytearray(b"x"))
+    out.close()
+    assert (tmp_path / ".theirs.bin.crc").exists()           # still writes checksums

@@ -245,3 +245,21 @@ def test_module_is_copied_never_mutated_and_optimizer_factory_is_used(spark):
     assert used == [True]
     assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
     assert not all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_loading_with_a_model_factory_unpickles_nothing(spark, tmp_path):
+    import os
+
+    df = vector_df(spark, 80)
+    model = classifier().fit(df)
+    path = str(tmp_path / "model")
+    model.write().overwrite().save(path)
+    os.remove(os.path.join(path, "module.pkl"))           # nothing pickled is left to read
+    loaded = NNClassifierModel.load(path, model=mlp4)
+    assert collect(loaded.transform(df), "rawPrediction") == \
+        collect(model.transform(df), "rawPrediction")
+    with pytest.raises(Exception, match="module.pkl"):
+        NNClassifierModel.load(path)
+    with pytest.raises(InvalidArgumentError, match=r"'model' factory passed to "
+                                                   r"NNClassifierModel\.load must return"):
+        NNClassifierModel.load(path, model=lambda: "not a module")

@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -64,6 +65,7 @@ class ShardSummary:
     sample_labels: np.ndarray | None = None
     executor_dir: str = ""
     error: str | None = None
+    content_hash: str = ""      # of the partition's arrays: a rebuild must reproduce it
 
 
 class Shard:
@@ -132,6 +134,11 @@ def summarize_arrays(partition: int, features: list[np.ndarray], labels: np.ndar
     """What the driver needs to know about one partition's arrays (sizes, kinds, a few
     samples, NaNs), without the arrays themselves."""
     summary = ShardSummary(partition=partition, count=int(labels.shape[0]))
+    digest = hashlib.sha1()
+    for array in [*features, labels]:
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(np.ascontiguousarray(array).data)
+    summary.content_hash = digest.hexdigest()
     if not summary.count:
         return summary
     summary.feature_shapes = [tuple(f.shape[1:]) for f in features]

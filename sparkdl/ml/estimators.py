@@ -287,6 +287,21 @@ class _NNModelBase(Model, MLWritable, MLReadable):
     def read(cls) -> Any:
         return NNModelReader(cls)
 
+    @classmethod
+    def load(cls, path: str, model: Callable[[], nn.Module] | None = None,
+             preprocess: Any = None) -> Any:
+        """Load a model saved with ``write().save(path)``.
+
+        Without ``model`` the saved architecture (``module.pkl``) is unpickled: like any pickle
+        it can run code, so only load models you trust. With ``model``, a zero-argument factory
+        building the same architecture, nothing is unpickled: only the weights
+        (``weights.pt``, ``torch.load(weights_only=True)``) and the JSON metadata are read, and
+        ``preprocess`` is the one given here.
+
+        Example: ``NNClassifierModel.load(path, model=lambda: MyNet(hidden=64))``.
+        """
+        return NNModelReader(cls, model, preprocess).load(path)
+
 
 class NNEstimator(_NNEstimatorBase, NNParams):
     """Train a PyTorch model on a DataFrame with sparkdl's engine (regression or any loss).

@@ -106,17 +106,39 @@ class NNModelWriter(_StageWriter):
 
 
 class NNModelReader(_StageReader):
-    """Reads a model written by :class:`NNModelWriter`."""
+    """Reads a model written by :class:`NNModelWriter`.
+
+    By default the architecture comes from ``module.pkl``, which is unpickled: like any pickle it
+    can run code, so only load models you trust. With ``model`` (a zero-argument factory that
+    builds the same architecture) nothing is unpickled: only ``weights.pt`` (loaded with
+    ``weights_only=True``) and the JSON metadata are read; ``preprocess`` is then whatever is
+    passed here.
+    """
+
+    def __init__(self, cls: type, model: Any = None, preprocess: Any = None) -> None:
+        super().__init__(cls)
+        self.model_factory = model
+        self.preprocess = preprocess
+
+    def _architecture(self, path: str) -> tuple[Any, Any]:
+        if self.model_factory is None:
+            objects = pickle.loads(read_bytes(self.sc, path, "module.pkl"))
+            return objects["module"], objects["preprocess"]
+        module = self.model_factory()
+        if not isinstance(module, torch.nn.Module):
+            raise InvalidArgumentError(f"The 'model' factory passed to {self.cls.__name__}.load "
+                                       f"must return a torch.nn.Module. Got "
+                                       f"{type(module).__name__}.")
+        return module, self.preprocess
 
     def load(self, path: str) -> Any:
         import pandas as pd
 
         metadata = _load_metadata(path, self.sc, self.cls)
-        objects = pickle.loads(read_bytes(self.sc, path, "module.pkl"))
-        module = objects["module"]
+        module, preprocess = self._architecture(path)
         state = torch.load(io.BytesIO(read_bytes(self.sc, path, "weights.pt")), weights_only=True)
         module.load_state_dict(state)
-        instance = self.cls(module, objects["preprocess"])
+        instance = self.cls(module, preprocess)
         DefaultParamsReader.getAndSetParams(instance, metadata)
         instance._resetUid(metadata["uid"])
         instance.output_size = metadata.get("output_size", 0)

@@ -28,6 +28,7 @@ from typing import Any
 
 from pyspark import RDD, StorageLevel
 
+from ..errors import TrainingDataError
 from ..executor.shard_store import ShardSummary
 from ..executor.tasks import CleanupTask, ShardBuildTask
 
@@ -86,10 +87,24 @@ class CachedData:
         return self.summaries
 
     def rebuild(self, reason: str) -> None:
-        """Build all shards again (``reason`` goes to the log)."""
+        """Build all shards again (``reason`` goes to the log) and check that the lineage gave
+        back the same samples: a nondeterministic input would silently train on other data."""
         log.warning("%s shards must be rebuilt: %s; rebuilding them from the RDD lineage",
                     self.name, reason)
+        before = self.summaries
         self.build()
+        for old, new in zip(before, self.summaries):
+            if old.error is None and new.error is None and \
+                    (old.count, old.content_hash) != (new.count, new.content_hash):
+                what = (f"{old.count} samples before, {new.count} now" if old.count != new.count
+                        else "the same number of samples with other contents")
+                raise TrainingDataError(
+                    f"Partition {new.partition} of the {self.name} RDD came back different when "
+                    f"its shard was rebuilt ({what}): the RDD is not deterministic (random "
+                    "sampling without a seed, an unordered source, a nondeterministic UDF), so "
+                    "training cannot go on with the samples its batch plan was made for. Make the "
+                    "input deterministic: cache() or checkpoint() it before training, sort it, or "
+                    "seed its sampling.")
 
     def release(self) -> None:
         """Unpersist the index RDD and delete the shard files this machine can reach."""

@@ -14,23 +14,30 @@ __all__ = ["hadoop_path", "write_bytes", "read_bytes", "java_error_line"]
 
 
 def hadoop_path(sc: Any, path: str, child: str | None = None) -> tuple[Any, Any]:
-    """(FileSystem, Path) for ``path`` (joined with ``child``), without .crc side files."""
+    """(FileSystem, Path) for ``path`` (joined with ``child``). The FileSystem is Hadoop's
+    cached instance, which the whole JVM shares: never change its settings."""
     jvm = sc._jvm
     hpath = jvm.org.apache.hadoop.fs.Path(path)
     if child is not None:
         hpath = jvm.org.apache.hadoop.fs.Path(hpath, child)
-    fs = hpath.getFileSystem(sc._jsc.hadoopConfiguration())
-    fs.setWriteChecksum(False)
-    return fs, hpath
+    return hpath.getFileSystem(sc._jsc.hadoopConfiguration()), hpath
 
 
 def write_bytes(sc: Any, path: str, data: bytes, child: str | None = None) -> None:
-    fs, hpath = hadoop_path(sc, path, child)
-    out = fs.create(hpath, True)
+    """Write ``data`` as one file, through a private FileSystem instance that writes no .crc
+    side file (the shared cached instance is left as it is)."""
+    _, hpath = hadoop_path(sc, path, child)
+    fs = sc._jvm.org.apache.hadoop.fs.FileSystem.newInstance(hpath.toUri(),
+                                                             sc._jsc.hadoopConfiguration())
     try:
-        out.write(bytearray(data))
+        fs.setWriteChecksum(False)
+        out = fs.create(hpath, True)
+        try:
+            out.write(bytearray(data))
+        finally:
+            out.close()
     finally:
-        out.close()
+        fs.close()
 
 
 def read_bytes(sc: Any, path: str, child: str | None = None) -> bytes:
