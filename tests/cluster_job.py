@@ -1,7 +1,8 @@
 """A small training run in its own driver process (only one SparkContext can live in a process).
 
-    python cluster_job.py MASTER OUT.pt [--fault task|executor --marker PATH] [--secure]
-                          [--checkpoint DIR] [--iterations N]
+    python cluster_job.py MASTER OUT.pt [--fault task|executor|executor-validation
+                          --marker PATH] [--secure] [--checkpoint DIR] [--iterations N]
+                          [--allreduce auto|shuffle|driver] [--validation]
 
 Prints the number of executors, the number of finished iterations, and saves the trained
 state_dict. Used by the tests that need a master other than the session's local[2], faults, or a
@@ -27,7 +28,8 @@ ITERATIONS = 6
 SEED = 5
 
 
-def train(sc, iterations=ITERATIONS, criterion=None, checkpoint=None):
+def train(sc, iterations=ITERATIONS, criterion=None, checkpoint=None, allreduce="auto",
+          validation=False):
     from sparkdl import DistriOptimizer
     from sparkdl.triggers import MaxIteration, SeveralIteration
 
@@ -38,7 +40,14 @@ def train(sc, iterations=ITERATIONS, criterion=None, checkpoint=None):
     opt = DistriOptimizer(net, make_rdd(sc, list(zip(x, y)), SIZES),
                           criterion or torch.nn.CrossEntropyLoss(), optimizer,
                           batch_size=BATCH, end_trigger=MaxIteration(iterations), seed=SEED,
-                          lr_scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.7))
+                          lr_scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.7),
+                          allreduce=allreduce)
+    if validation:
+        from sparkdl import Loss, Top1Accuracy
+
+        vx, vy = classification_data(60, seed=2)
+        opt.set_validation(make_rdd(sc, list(zip(vx, vy)), [20, 25, 15]), SeveralIteration(2),
+                           [Top1Accuracy(threshold=0.0), Loss()], batch_size=8)
     if checkpoint:
         opt.set_checkpoint(checkpoint, SeveralIteration(2), keep_last=2)
     trained = opt.optimize()
@@ -49,7 +58,9 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("master")
     p.add_argument("out")
-    p.add_argument("--fault", choices=["task", "executor"])
+    p.add_argument("--fault", choices=["task", "executor", "executor-validation"])
+    p.add_argument("--allreduce", default="auto")
+    p.add_argument("--validation", action="store_true")
     p.add_argument("--marker")
     p.add_argument("--secure", action="store_true")
     p.add_argument("--checkpoint")
@@ -71,7 +82,8 @@ def main() -> None:
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")
     criterion = FaultInjectingLoss(args.fault, args.marker) if args.fault else None
-    trained, opt = train(sc, args.iterations, criterion, args.checkpoint)
+    trained, opt = train(sc, args.iterations, criterion, args.checkpoint, args.allreduce,
+                         args.validation)
     if args.secure:  # inference too: an Arrow UDF over a DataFrame on the secured cluster
         from sparkdl import NNClassifierModel
 
@@ -83,6 +95,7 @@ def main() -> None:
     torch.save(trained.state_dict(), args.out)
     print(f"executors={executors}")
     print(f"iterations={len(opt.summary.iterations)}")
+    print(f"validations={[v.metrics for v in opt.summary.validations]}")
     spark.stop()
 
 

@@ -148,8 +148,10 @@ def _claim_once(marker: str) -> bool:
 class FaultInjectingLoss(nn.CrossEntropyLoss):
     """Cross-entropy that injects one fault in a task, at its ``at_call``-th call in a worker.
 
-    ``fault`` is "task" (raise on the task's first attempt only) or "executor" (SIGKILL the
-    executor JVM that runs the task). ``marker`` makes it happen once per run.
+    ``fault`` is "task" (raise on the task's first attempt only), "executor" (SIGKILL the
+    executor JVM that runs the task) or "executor-validation" (the same, in a validation task:
+    the criterion runs there for the Loss metric, without autograd). ``marker`` makes it happen
+    once per run.
     """
 
     def __init__(self, fault: str, marker: str, at_call: int = 3) -> None:
@@ -161,7 +163,8 @@ class FaultInjectingLoss(nn.CrossEntropyLoss):
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
-        if ctx is not None:
+        in_validation = not torch.is_grad_enabled()
+        if ctx is not None and in_validation == (self.fault == "executor-validation"):
             self.calls += 1
             if (self.calls >= self.at_call and ctx.attemptNumber() == 0
                     and _claim_once(self.marker)):

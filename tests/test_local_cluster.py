@@ -79,6 +79,38 @@ def test_executor_killed_mid_training(clean_run, tmp_path):
 
 
 @pytest.mark.cluster
+@pytest.mark.parametrize("fault", ["task", "executor"])
+def test_faults_on_the_shuffle_allreduce_path(clean_run, tmp_path, fault):
+    """The block-sharded shuffle path under a failed task (a map stage retried) and a lost
+    executor (fetch failures, map output recomputed, shards rebuilt): bitwise a clean run."""
+    marker = tmp_path / "fault-marker"
+    model, proc = run_job(tmp_path, LOCAL_CLUSTER, "--allreduce", "shuffle", "--fault", fault,
+                          "--marker", str(marker))
+    assert marker.exists(), "the fault was never injected"
+    assert "ShuffleAllReduce" in proc.stderr
+    assert "iterations=6" in proc.stdout
+    assert bitwise_equal(model, clean_run)
+
+
+@pytest.mark.cluster
+def test_executor_killed_during_validation(sc, clean_run, tmp_path):
+    """Validation recovers from lost data like training does: training completes and every
+    metric covers the whole validation set, equal to a clean run's."""
+    import ast
+
+    marker = tmp_path / "fault-marker"
+    model, proc = run_job(tmp_path, LOCAL_CLUSTER, "--validation", "--fault",
+                          "executor-validation", "--marker", str(marker))
+    assert marker.exists(), "no executor was killed"
+    assert "iterations=6" in proc.stdout
+    assert "validation shards must be rebuilt" in proc.stderr
+    _, clean = cluster_job.train(sc, validation=True)
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("validations="))
+    assert ast.literal_eval(line.split("=", 1)[1]) == [v.metrics for v in clean.summary.validations]
+    assert bitwise_equal(model, clean_run)
+
+
+@pytest.mark.cluster
 def test_killed_driver_resumes_from_its_checkpoint(sc, tmp_path):
     """A driver process is SIGKILLed after a checkpoint; a new one ends bitwise equal to an
     uninterrupted run."""
