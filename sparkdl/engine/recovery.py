@@ -19,7 +19,7 @@ from typing import Callable, TypeVar
 from ..errors import SparkdlError
 from ..runners.interface import DataHandle, IterationRunner
 
-__all__ = ["MAX_REBUILDS", "run_with_recovery"]
+__all__ = ["MAX_REBUILDS", "run_with_recovery", "ExecutorMemoryError"]
 
 log = logging.getLogger("sparkdl")
 
@@ -29,18 +29,41 @@ MAX_REBUILDS = 3
 T = TypeVar("T")
 
 
+class ExecutorMemoryError(SparkdlError, MemoryError):
+    """An executor was killed for exceeding its memory, again after a rebuild."""
+
+
+def _memory_message(what: str, line: str) -> str:
+    return (f"{what}: an executor was killed for exceeding its memory limit twice ({line}); a "
+            "rebuild does not help. Give the executors more memory: "
+            "spark.executor.memoryOverhead (YARN and Kubernetes count the Python workers, the "
+            "model, its gradient and the shards' page cache there), spark.executor.pyspark.memory "
+            "(the Python workers' own limit) or spark.executor.memory (the JVM heap, which holds "
+            "the gradient blocks of the shuffle); or use smaller micro-batches "
+            "(micro_batch_size / microBatchSize), fewer tasks per executor, or more partitions.")
+
+
 def run_with_recovery(runner: IterationRunner, data: DataHandle, job: Callable[[], T],
                       missing: Callable[[T], list[int]], what: str) -> T:
     """``job()``, rebuilt and re-run while it lost ``data`` (at most :data:`MAX_REBUILDS`
     times); ``missing(result)`` lists the partitions that found no data where they ran."""
+    memory_kills = 0
     for attempt in range(MAX_REBUILDS + 1):
         try:
             result = job()
         except Exception as exc:
             reason = runner.lost_data_reason(exc)
-            if reason is None or attempt == MAX_REBUILDS:
+            memory = runner.memory_kill_reason(exc)
+            if memory is not None:
+                memory_kills += 1
+                if memory_kills > 1:
+                    raise ExecutorMemoryError(_memory_message(what, memory)) from exc
+                log.warning("%s: an executor was killed for exceeding its memory (%s); "
+                            "rebuilding once, in case the limit was hit by chance", what, memory)
+            if reason is None and memory is None or attempt == MAX_REBUILDS:
                 raise
-            runner.rebuild(data, f"the job of {what} lost executor-held data ({reason})")
+            runner.rebuild(data, f"the job of {what} lost executor-held data "
+                                 f"({reason or memory})")
             continue
         lost = missing(result)
         if not lost:

@@ -32,9 +32,21 @@ from ..errors import TrainingDataError
 from ..executor.shard_store import ShardSummary
 from ..executor.tasks import CleanupTask, ShardBuildTask
 
-__all__ = ["CachedData", "clean_workers", "lost_data_reason"]
+__all__ = ["CachedData", "clean_workers", "lost_data_reason", "memory_kill_reason"]
 
 _LOST_DATA_MARKERS = ("Checkpoint block", "ExecutorLostFailure", "FetchFailed")
+_MEMORY_KILL_MARKERS = ("exceeding memory limits", "exceeding physical memory",
+                        "exceeding virtual memory", "OOMKilled", "possible container OOM",
+                        "java.lang.OutOfMemoryError")
+"""How YARN, Kubernetes and the JVM say that an executor died for memory."""
+
+
+def memory_kill_reason(exc: BaseException) -> str | None:
+    """The line saying that an executor was killed for exceeding its memory, or None."""
+    for line in str(exc).splitlines():
+        if any(marker in line for marker in _MEMORY_KILL_MARKERS):
+            return line.strip(" :")[:300]
+    return None
 
 
 def lost_data_reason(exc: BaseException) -> str | None:

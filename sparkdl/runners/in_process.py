@@ -161,6 +161,9 @@ class InProcessRunner:
     def lost_data_reason(self, exc: BaseException) -> str | None:
         return None       # nothing is held anywhere it could be lost
 
+    def memory_kill_reason(self, exc: BaseException) -> str | None:
+        return None
+
     def rebuild(self, data: InProcessData, reason: str) -> None:
         raise RuntimeError(f"in-process data cannot be lost ({reason})")  # pragma: no cover
 

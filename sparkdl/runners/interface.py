@@ -102,6 +102,10 @@ class IterationRunner(Protocol):
         """The line saying that a failed job lost runner-held data (a rebuild repairs it), or
         None when the failure is anything else."""
 
+    def memory_kill_reason(self, exc: BaseException) -> str | None:
+        """The line saying that a failed job lost an executor to its memory limit, or None (a
+        rebuild then only helps if the limit was hit by chance)."""
+
     def rebuild(self, data: DataHandle, reason: str) -> None:
         """Hold ``data`` again after a loss (``reason`` goes to the log)."""
 

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .cached_rdd import CachedData, clean_workers, lost_data_reason
+from .cached_rdd import CachedData, clean_workers, lost_data_reason, memory_kill_reason
 from .interface import PartitionMetrics, RunnerOptions
 from ..executor.replicas import ReplicaSpec
 from ..executor.step import StepSpec
@@ -142,6 +142,9 @@ class SparkRddRunner:
 
     def lost_data_reason(self, exc: BaseException) -> str | None:
         return lost_data_reason(exc)
+
+    def memory_kill_reason(self, exc: BaseException) -> str | None:
+        return memory_kill_reason(exc)
 
     def rebuild(self, data: CachedData, reason: str) -> None:
         data.rebuild(reason)
