@@ -139,6 +139,40 @@ def test_tasks_see_their_gpu_addresses_on_a_local_cluster(sc, tmp_path, mode):
     assert bitwise_equal(trained, net)
 
 
+def autocast_reference(model, x, y, make_optimizer, plan, iterations, dtype, scaler=None):
+    """Single-process training under ``torch.autocast("cpu", dtype)`` on the plan's union
+    batches, with ``scaler`` (a GradScaler) if given; returns the model and, per step, the loss
+    scale used and whether the step was skipped."""
+    reference = copy.deepcopy(model)
+    optimizer = make_optimizer(reference)
+    steps = []
+    for t in range(iterations):
+        idx = plan.global_indices(*plan.epoch_and_step(t))
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=dtype):
+            loss = torch.nn.functional.cross_entropy(reference(torch.from_numpy(x[idx])),
+                                                     torch.from_numpy(y[idx]))
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+            continue
+        scale = scaler.get_scale()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        steps.append((scale, scaler.get_scale() < scale))
+    return reference, steps
+
+
+def assert_within_rounding(trained, reference, start, fraction, slack):
+    """Every parameter of ``trained`` within ``fraction`` of how far ``reference`` moved it from
+    ``start`` (plus ``slack``)."""
+    for (name, a), b, s in zip(trained.named_parameters(), reference.parameters(),
+                               start.parameters()):
+        moved = (b - s).abs().max().item()
+        assert (a - b).abs().max().item() <= fraction * moved + slack, name
+
+
 def test_bf16_mixed_on_cpu_equals_single_process_autocast(sc):
     x, y = classification_data(120, seed=3)
     sizes, batch, seed, iterations = [50, 30, 40], 24, 5, 8
@@ -159,19 +193,8 @@ def test_bf16_mixed_on_cpu_equals_single_process_autocast(sc):
     #    rounded to bf16 (8 significant bits) once per task instead of once per batch, so each
     #    step's gradient may differ by a few bf16 roundings, 2**-7 of its size at most. The weights
     #    may therefore differ by 2**-7 of how far they moved, and no more.
-    union = copy.deepcopy(model)
-    optimizer = sgd(union)
-    for t in range(iterations):
-        idx = plan.global_indices(*plan.epoch_and_step(t))
-        optimizer.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(union(torch.from_numpy(x[idx])),
-                                                     torch.from_numpy(y[idx]))
-        loss.backward()
-        optimizer.step()
-    for (name, a), b, start in zip(net.named_parameters(), union.parameters(), model.parameters()):
-        moved = (b - start).abs().max().item()
-        assert (a - b).abs().max().item() <= 2 ** -7 * moved + 1e-7, name
+    union, _ = autocast_reference(model, x, y, sgd, plan, iterations, torch.bfloat16)
+    assert_within_rounding(net, union, model, 2 ** -7, 1e-7)
     assert not bitwise_equal(net, model)
 
 
@@ -212,28 +235,14 @@ def test_16_mixed_equals_autocast_with_gradscaler_through_injected_overflows(sc)
                           sgd(net), batch_size=batch, end_trigger=MaxIteration(iterations),
                           seed=seed, precision="16-mixed", progress_bar=False)
     opt.optimize()
-    reference = copy.deepcopy(model)
-    optimizer, scaler = sgd(reference), torch.amp.GradScaler("cpu")
-    plan, skipped, scales = BatchPlan(sizes, batch, seed), [], []
-    for t in range(iterations):
-        idx = plan.global_indices(*plan.epoch_and_step(t))
-        optimizer.zero_grad()
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = torch.nn.functional.cross_entropy(reference(torch.from_numpy(x[idx])),
-                                                     torch.from_numpy(y[idx]))
-        scales.append(scaler.get_scale())
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        skipped.append(scaler.get_scale() < scales[-1])
+    reference, steps = autocast_reference(model, x, y, sgd, BatchPlan(sizes, batch, seed),
+                                          iterations, torch.float16, torch.amp.GradScaler("cpu"))
+    scales, skipped = zip(*steps)
     records = opt.summary.iterations
     assert 2 <= sum(skipped) < iterations                     # overflows happened, and passed
-    assert [r.step_skipped for r in records] == skipped
-    assert [r.loss_scale for r in records] == scales
+    assert [r.step_skipped for r in records] == list(skipped)
+    assert [r.loss_scale for r in records] == list(scales)
     # Each task's float16 matmul gradients are rounded once per task instead of once per batch
     # (2**-11 relative each): the weights may differ by a few such roundings of how far they
     # moved.
-    for (name, a), b, start in zip(net.named_parameters(), reference.parameters(),
-                                   model.parameters()):
-        moved = (b - start).abs().max().item()
-        assert (a - b).abs().max().item() <= 2 ** -8 * moved + 1e-6, name
+    assert_within_rounding(net, reference, model, 2 ** -8, 1e-6)

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..errors import ModelCriterionMismatchError, TrainingDataError
 from ..executor.shard_store import ShardSummary
+from ..executor.step import as_model_input
 from .rng_isolation import private_torch_rng
 
 __all__ = ["DataSpec", "summarize", "dry_run"]
@@ -142,7 +143,7 @@ def _dry_run(probe: nn.Module, criterion: Any, spec: DataSpec, what: str,
 
     def tensor(a: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(np.array(a))
-        return t.to(dtype) if dtype is not None and t.is_floating_point() else t
+        return as_model_input(t, dtype) if dtype is not None else t
 
     inputs = [tensor(f) for f in spec.sample_features]
     target = tensor(spec.sample_labels)

@@ -55,6 +55,11 @@ def _total_iterations(trigger: Trigger, iterations_per_epoch: int) -> int | None
     return None
 
 
+def _batch_loss(result: AllReduceResult) -> float:
+    """The union batch's loss: the tasks' weighted parts, summed exactly."""
+    return float(math.fsum(r.loss for r in result.reports))
+
+
 def needs_closure(optimizer: Any) -> bool:
     """True for optimizers whose ``step`` requires a closure (``torch.optim.LBFGS``)."""
     closure = inspect.signature(optimizer.step).parameters.get("closure")
@@ -71,6 +76,7 @@ class TrainingLoop:
         self._devices: set[str] = set()
         self._skipped = False
         self._used_scale = 0.0
+        self._closure = needs_closure(ctx.optimizer)
 
     def run(self) -> None:
         ctx = self.ctx
@@ -129,7 +135,7 @@ class TrainingLoop:
             t_start = time.perf_counter()
             result = self._gradients(spec, state_vector)
             t_update = time.perf_counter()
-            loss = float(math.fsum(r.loss for r in result.reports))
+            loss = _batch_loss(result)
             lr = float(ctx.optimizer.param_groups[0]["lr"])
             if ctx.loss_scaler is None:
                 self._stop_if_not_finite(loss, result.vector)
@@ -185,7 +191,7 @@ class TrainingLoop:
         if ctx.loss_scaler is not None:
             self._scaled_update(spec, state_vector, first)
             return
-        if not needs_closure(ctx.optimizer):
+        if not self._closure:
             self._load_sum(spec, state_vector, first)
             ctx.optimizer.step()
             ctx.optimizer.zero_grad(set_to_none=True)
@@ -201,14 +207,14 @@ class TrainingLoop:
             else:
                 weights = ctx.layout.state_vector(ctx.model)
                 result = self._gradients(spec, weights)
-                loss = float(math.fsum(r.loss for r in result.reports))
+                loss = _batch_loss(result)
                 if not (math.isfinite(loss) and np.isfinite(result.vector).all()):
                     # back to the state before this step, then the NaN policy
                     ctx.layout.load_state(ctx.model, state_vector)
                     ctx.optimizer.load_state_dict(before)
                     self._stop_if_not_finite(loss, result.vector)
             self._load_sum(spec, weights, result)
-            return torch.tensor(math.fsum(r.loss for r in result.reports), dtype=torch.float64)
+            return torch.tensor(_batch_loss(result), dtype=torch.float64)
 
         ctx.optimizer.step(closure)
         ctx.optimizer.zero_grad(set_to_none=True)
@@ -225,8 +231,7 @@ class TrainingLoop:
         self._used_scale = scaler.scale
         if found_inf:
             if scaler.scale < 2.0 ** -14:      # no scale helps: a real NaN, not an overflow
-                self._stop_if_not_finite(float(math.fsum(r.loss for r in result.reports)),
-                                         vector)
+                self._stop_if_not_finite(_batch_loss(result), vector)
             log.warning("iteration %d: the gradient at loss scale %g has inf or NaN values; the "
                         "step is skipped and the scale halved", ctx.iteration + 1, scaler.scale)
             vector = np.zeros_like(vector)

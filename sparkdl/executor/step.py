@@ -32,7 +32,7 @@ from .replicas import Replica
 from .shard_store import Shard
 
 __all__ = ["StepSpec", "TaskReport", "compute_gradient", "compute_metric_sums",
-           "set_task_threads"]
+           "set_task_threads", "as_model_input", "autocast"]
 
 
 @dataclass(frozen=True)
@@ -91,14 +91,17 @@ def autocast(precision: str, device: torch.device) -> torch.autocast:
     return torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
 
 
+def as_model_input(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` as a model with parameters of ``dtype`` takes it: floating values in that dtype
+    (bfloat16 data is stored as float32, which numpy can hold), integers (ids) as they are."""
+    return t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t
+
+
 def _to_tensors(features: Sequence[np.ndarray], labels: np.ndarray, dtype: torch.dtype,
                 device: torch.device) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Tensors of a batch on ``device``; floating values in the model's parameter dtype
-    (bfloat16 data is stored as float32, which numpy can hold)."""
+    """Tensors of a batch on ``device``, as the model takes them (:func:`as_model_input`)."""
     def tensor(a: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(a)
-        if t.is_floating_point() and t.dtype != dtype:
-            t = t.to(dtype)
+        t = as_model_input(torch.from_numpy(a), dtype)
         return t.to(device, non_blocking=True) if device.type != "cpu" else t
 
     return [tensor(f) for f in features], tensor(labels)

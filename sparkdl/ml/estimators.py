@@ -31,6 +31,7 @@ from torch import nn
 from ..data.dataframe_arrays import feature_expression, feature_source, to_blocks
 from ..engine.distri_optimizer import DistriOptimizer
 from ..engine.rng_isolation import private_torch_rng
+from ..executor.step import as_model_input
 from ..errors import InvalidArgumentError, ModelCriterionMismatchError, TrainingDataError
 from ..metrics import Loss, Top1Accuracy
 from ..triggers import EveryEpoch, MaxEpoch
@@ -178,17 +179,13 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
         return NNStageReader(cls)
 
 
-def _as_model_input(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return t.to(dtype) if t.is_floating_point() else t
-
-
 def _output_size(model: nn.Module, engine: DistriOptimizer) -> int:
     """Values per row of the model's output, from a few training samples."""
     was_training = model.training
     model.eval()
     dtype = engine.layout.param_dtype
     with torch.no_grad():
-        out = model(*[_as_model_input(torch.from_numpy(np.array(f)), dtype)
+        out = model(*[as_model_input(torch.from_numpy(np.array(f)), dtype)
                       for f in engine.data_spec.sample_features])
     model.train(was_training)
     return int(np.prod(out.shape[1:]))

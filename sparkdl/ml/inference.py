@@ -16,7 +16,7 @@ import torch
 
 from ..data.dataframe_arrays import FeatureSource, arrow_features
 from ..executor.devices import task_device
-from ..executor.step import autocast, set_task_threads
+from ..executor.step import as_model_input, autocast, set_task_threads
 from ..executor.worker_cache import WorkerCache
 
 __all__ = ["predict_column"]
@@ -47,9 +47,7 @@ def _outputs(model: torch.nn.Module, x: np.ndarray, batch_size: int, device: tor
     chunks = []
     with torch.no_grad(), autocast(precision, device):
         for lo in range(0, len(x), batch_size):
-            batch = torch.from_numpy(np.array(x[lo:lo + batch_size]))
-            if batch.is_floating_point():
-                batch = batch.to(dtype)             # float64, bfloat16, float16 models alike
+            batch = as_model_input(torch.from_numpy(np.array(x[lo:lo + batch_size])), dtype)
             out = model(batch.to(device))
             chunks.append(out.double().reshape(out.shape[0], -1).cpu().numpy())
     return np.concatenate(chunks) if chunks else np.zeros((0, 0))
