@@ -2,7 +2,9 @@
 
     python cluster_job.py MASTER OUT.pt [--fault task|executor|executor-validation
                           --marker PATH] [--secure] [--checkpoint DIR] [--iterations N]
-                          [--allreduce auto|shuffle|driver] [--validation]
+                          [--allreduce auto|shuffle|driver] [--validation] [--sizes N,N,..]
+                          [--locality-wait 0] [--slow-partition P] [--encrypt-io]
+                          [--scan-local-dir DIR] [--conf KEY=VALUE ...]
 
 Prints the number of executors, the number of finished iterations, and saves the trained
 state_dict. Used by the tests that need a master other than the session's local[2], faults, or a
@@ -20,7 +22,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from models import FaultInjectingLoss, SmallNet, classification_data, make_rdd  # noqa: E402
+from models import (FaultInjectingLoss, SlowPartitionLoss, SmallNet,  # noqa: E402
+                    classification_data, make_rdd)
 
 SIZES = [40, 0, 25, 35]
 BATCH = 16
@@ -28,18 +31,62 @@ ITERATIONS = 6
 SEED = 5
 
 
-def train(sc, iterations=ITERATIONS, criterion=None, checkpoint=None, allreduce="auto",
-          validation=False):
-    from sparkdl import DistriOptimizer
-    from sparkdl.triggers import MaxIteration, SeveralIteration
+def executor_dirs(sc):
+    """The executors' work directories (their working directory and SparkFiles root; their
+    local directories are spark.local.dir, the caller's)."""
+    def where(_):
+        from pyspark import SparkFiles
 
-    x, y = classification_data(sum(SIZES), seed=1)
+        return [os.getcwd(), os.path.abspath(SparkFiles.getRootDirectory())]
+
+    width = 2 * max(2, sc.defaultParallelism)
+    return sorted({d for ds in sc.parallelize(range(width), width).map(where).collect()
+                   for d in ds})
+
+
+def files_containing(dirs, patterns):
+    """Files under ``dirs`` that contain any of the byte strings ``patterns``, and how many
+    files were read."""
+    hits, read = set(), 0
+    for top in dirs:
+        for root, _, names in os.walk(top):
+            for name in names:
+                path = os.path.join(root, name)
+                try:
+                    with open(path, "rb") as f:
+                        data = f.read()
+                except OSError:
+                    continue
+                read += 1
+                if any(p in data for p in patterns):
+                    hits.add(path)
+    return sorted(hits), read
+
+
+def train(sc, iterations=ITERATIONS, criterion=None, checkpoint=None, allreduce="auto",
+          validation=False, sizes=SIZES, during=None):
+    """``during``: called once with no argument after the third iteration (a scan of the
+    executors' disks, for instance)."""
+    from sparkdl import DistriOptimizer
+    from sparkdl.triggers import MaxIteration, SeveralIteration, Trigger
+
+    class CallingTrigger(Trigger):
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __call__(self, state):
+            if during is not None and state.iteration == 3:
+                during()
+            return self.inner(state)
+
+    x, y = classification_data(sum(sizes), seed=1)
     torch.manual_seed(7)
     net = SmallNet()
     optimizer = torch.optim.Adam(net.parameters(), lr=0.01)
-    opt = DistriOptimizer(net, make_rdd(sc, list(zip(x, y)), SIZES),
+    opt = DistriOptimizer(net, make_rdd(sc, list(zip(x, y)), sizes),
                           criterion or torch.nn.CrossEntropyLoss(), optimizer,
-                          batch_size=BATCH, end_trigger=MaxIteration(iterations), seed=SEED,
+                          batch_size=BATCH, end_trigger=CallingTrigger(MaxIteration(iterations)),
+                          seed=SEED,
                           lr_scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.7),
                           allreduce=allreduce)
     if validation:
@@ -65,6 +112,14 @@ def main() -> None:
     p.add_argument("--secure", action="store_true")
     p.add_argument("--checkpoint")
     p.add_argument("--iterations", type=int, default=ITERATIONS)
+    p.add_argument("--sizes", default=",".join(map(str, SIZES)),
+                   help="samples per partition, comma separated")
+    p.add_argument("--locality-wait", help="spark.locality.wait, e.g. 0")
+    p.add_argument("--slow-partition", type=int, help="this partition's tasks take 0.4 s more (-1: every partition's)")
+    p.add_argument("--encrypt-io", action="store_true", help="spark.io.encryption.enabled")
+    p.add_argument("--conf", action="append", default=[], help="KEY=VALUE, a Spark setting")
+    p.add_argument("--scan-local-dir", help="spark.local.dir; during training, the executors' "
+                   "directories and this one are searched for the training data's bytes")
     args = p.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     import logging
@@ -78,12 +133,35 @@ def main() -> None:
                    .config("spark.authenticate.secret", uuid.uuid4().hex)
                    .config("spark.network.crypto.enabled", "true")
                    .config("spark.io.encryption.enabled", "true"))
+    if args.locality_wait is not None:
+        builder = builder.config("spark.locality.wait", args.locality_wait)
+    if args.encrypt_io:
+        builder = builder.config("spark.io.encryption.enabled", "true")
+    if args.scan_local_dir:
+        builder = builder.config("spark.local.dir", args.scan_local_dir)
+    for setting in args.conf:
+        builder = builder.config(*setting.split("=", 1))
     spark = builder.getOrCreate()
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")
     criterion = FaultInjectingLoss(args.fault, args.marker) if args.fault else None
+    if args.slow_partition is not None:
+        criterion = SlowPartitionLoss(args.slow_partition)
+    sizes = [int(n) for n in args.sizes.split(",")]
+    scan = None
+    if args.scan_local_dir:
+        dirs = executor_dirs(sc) + [args.scan_local_dir]
+        x, _ = classification_data(sum(sizes), seed=1)
+        rows = [x[i].astype("float32").tobytes() for i in range(0, len(x), 7)]
+
+        def scan():
+            hits, read = files_containing(dirs, rows)
+            print(f"scanned_dirs={dirs}")
+            print(f"local_dir_files={files_containing([args.scan_local_dir], [])[1]}")
+            print(f"scanned_files={read}")
+            print(f"files_with_training_bytes={hits}")
     trained, opt = train(sc, args.iterations, criterion, args.checkpoint, args.allreduce,
-                         args.validation)
+                         args.validation, sizes, scan)
     if args.secure:  # inference too: an Arrow UDF over a DataFrame on the secured cluster
         from sparkdl import NNClassifierModel
 
@@ -96,6 +174,8 @@ def main() -> None:
     print(f"executors={executors}")
     print(f"iterations={len(opt.summary.iterations)}")
     print(f"validations={[v.metrics for v in opt.summary.validations]}")
+    print(f"shards_rebuilt={opt.summary.shards_rebuilt}")
+    print(f"placement_misses={opt.summary.placement_misses}")
     spark.stop()
 
 

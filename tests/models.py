@@ -174,6 +174,27 @@ class FaultInjectingLoss(nn.CrossEntropyLoss):
         return super().forward(output, target)
 
 
+class SlowPartitionLoss(nn.CrossEntropyLoss):
+    """Cross-entropy that makes one partition's training tasks ``seconds`` slower (a
+    straggler): with ``spark.locality.wait=0`` the other tasks then run wherever a slot is free.
+    ``partition=-1``: every partition's (a backlog of tasks, for dynamic allocation)."""
+
+    def __init__(self, partition: int, seconds: float = 0.4) -> None:
+        super().__init__()
+        self.partition, self.seconds = partition, seconds
+
+    def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        import time
+
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx is not None and torch.is_grad_enabled() and \
+                self.partition in (-1, ctx.partitionId()):
+            time.sleep(self.seconds)
+        return super().forward(output, target)
+
+
 def _kill_executor_jvm() -> None:
     import os
     import signal
@@ -214,7 +235,7 @@ class AddressRecordingLoss(nn.CrossEntropyLoss):
 class ShardDroppingLoss(nn.CrossEntropyLoss):
     """Cross-entropy that, once per run (``marker``), deletes this executor's shard files and
     forgets the worker's cached shards at its ``at_call``-th call: later tasks in this worker
-    find no shard and the engine rebuilds them from the RDD lineage."""
+    find no shard and have it built again where they run, from the RDD lineage."""
 
     def __init__(self, marker: str, at_call: int = 2) -> None:
         super().__init__()

@@ -74,7 +74,7 @@ def test_executor_killed_mid_training(clean_run, tmp_path):
                           str(marker))
     assert marker.exists(), "no executor was killed"
     assert "iterations=6" in proc.stdout
-    assert "rebuilding them from the RDD lineage" in proc.stderr
+    assert "rebuilding all 4 of them from the RDD lineage" in proc.stderr
     assert bitwise_equal(model, clean_run)
 
 
@@ -107,6 +107,62 @@ def test_executor_killed_during_validation(sc, clean_run, tmp_path):
     _, clean = cluster_job.train(sc, validation=True)
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("validations="))
     assert ast.literal_eval(line.split("=", 1)[1]) == [v.metrics for v in clean.summary.validations]
+    assert bitwise_equal(model, clean_run)
+
+
+EIGHT_PARTITIONS = [30, 20, 25, 15, 30, 20, 10, 25]
+
+
+@pytest.fixture(scope="module")
+def clean_eight_partition_run(sc):
+    trained, _ = cluster_job.train(sc, iterations=8, sizes=EIGHT_PARTITIONS)
+    return trained
+
+
+def _printed(proc, name):
+    return int(next(ln for ln in proc.stdout.splitlines()
+                    if ln.startswith(name + "=")).split("=", 1)[1])
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("allreduce", ["driver", "shuffle"])
+def test_tasks_placed_away_from_their_shards(clean_eight_partition_run, tmp_path, allreduce):
+    """spark.locality.wait=0, 8 partitions on 2 task slots and a straggler: tasks run where
+    their shard is not. Each miss builds that one shard where its task ran; the run ends bitwise
+    equal to a clean run, and the summary counts the rebuilt shards."""
+    model, proc = run_job(tmp_path, LOCAL_CLUSTER, "--sizes",
+                          ",".join(map(str, EIGHT_PARTITIONS)), "--iterations", "8",
+                          "--locality-wait", "0", "--slow-partition", "3",
+                          "--allreduce", allreduce)
+    misses, rebuilt = _printed(proc, "placement_misses"), _printed(proc, "shards_rebuilt")
+    assert "iterations=8" in proc.stdout
+    assert misses > 0, "no task ran away from its shard: the test proves nothing"
+    assert rebuilt == misses < misses * len(EIGHT_PARTITIONS)
+    assert "ran where their shard was not" in proc.stderr
+    assert "rebuilding all" not in proc.stderr
+    assert bitwise_equal(model, clean_eight_partition_run)
+
+
+@pytest.mark.cluster
+def test_no_training_bytes_on_executor_disks_with_io_encryption(clean_run, tmp_path):
+    """With spark.io.encryption.enabled, the executors' work and local directories hold no file
+    with the training data's bytes during training (searched after iteration 3); without it the
+    same search finds the shard files, so the search does see them."""
+    import ast
+
+    def scan(*extra):
+        local = tmp_path / f"local{len(extra)}"
+        local.mkdir()
+        model, proc = run_job(tmp_path, LOCAL_CLUSTER, "--scan-local-dir", str(local), *extra)
+        lines = dict(ln.split("=", 1) for ln in proc.stdout.splitlines() if "=" in ln)
+        assert int(lines["scanned_files"]) > 0 and int(lines["local_dir_files"]) > 0
+        return model, proc, ast.literal_eval(lines["files_with_training_bytes"])
+
+    _, _, plain_hits = scan()
+    assert plain_hits and all("sparkdl-shards" in h for h in plain_hits)
+    model, proc, hits = scan("--encrypt-io")
+    assert hits == []
+    assert "stay in the Python workers' memory" in proc.stderr
     assert bitwise_equal(model, clean_run)
 
 

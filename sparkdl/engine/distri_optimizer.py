@@ -68,6 +68,17 @@ __all__ = ["DistriOptimizer"]
 
 log = logging.getLogger("sparkdl")
 
+
+def _count_rebuilds(summary: TrainingSummary, held: list[Any]) -> None:
+    """Add this run's rebuilt shards and placement misses to the summary, and say so."""
+    rebuilt = sum(h.shards_rebuilt for h in held)
+    misses = sum(h.placement_misses for h in held)
+    summary.shards_rebuilt += rebuilt
+    summary.placement_misses += misses
+    if rebuilt:
+        log.info("%d shards were rebuilt during the run (%d of them for tasks that ran where "
+                 "their shard was not)", rebuilt, misses)
+
 _OWNER = "DistriOptimizer"
 
 
@@ -362,6 +373,9 @@ class DistriOptimizer:
         finally:
             if ctx is not None:
                 self.summary, self.iteration = ctx.summary, ctx.iteration
+                _count_rebuilds(ctx.summary, [ctx.train] + (
+                    [self._validation.held] if self._validation is not None and
+                    self._validation.held is not None else []))
             if self._validation is not None:
                 self._validation.held = None
             runner.close()

@@ -27,7 +27,8 @@ class IterationRecord:
     ``precision="16-mixed"``: the ``loss_scale`` used and whether the step was skipped because
     the scaled gradient had inf or NaN values. Memory:
     the driver's resident set after the update and the largest Python worker's after its task,
-    in bytes."""
+    in bytes. ``shards_rebuilt``: training shards built again during this iteration (after a
+    placement miss or a lost executor; see :mod:`sparkdl.runners.cached_rdd`)."""
 
     iteration: int
     epoch: int
@@ -50,6 +51,7 @@ class IterationRecord:
     # precision="16-mixed" only
     loss_scale: float = 0.0
     step_skipped: bool = False
+    shards_rebuilt: int = 0
 
 
 @dataclass
@@ -63,10 +65,15 @@ class ValidationRecord:
 
 @dataclass
 class TrainingSummary:
-    """Everything recorded during training, in order."""
+    """Everything recorded during training, in order; and over the whole run (resumed runs
+    included): ``shards_rebuilt``, the training and validation shards built again, and
+    ``placement_misses``, the tasks that ran where their shard was not (each cost the rebuild
+    of that one shard)."""
 
     iterations: list[IterationRecord] = field(default_factory=list)
     validations: list[ValidationRecord] = field(default_factory=list)
+    shards_rebuilt: int = 0
+    placement_misses: int = 0
 
     def to_pandas(self) -> Any:
         """One row per iteration (needs pandas)."""

@@ -133,6 +133,7 @@ class TrainingLoop:
             epoch, step = ctx.plan.epoch_and_step(ctx.iteration)
             spec = self._step_spec(epoch, step)
             t_start = time.perf_counter()
+            rebuilt_before = ctx.train.shards_rebuilt
             result = self._gradients(spec, state_vector)
             t_update = time.perf_counter()
             loss = _batch_loss(result)
@@ -150,7 +151,8 @@ class TrainingLoop:
             state = TrainingState(ctx.iteration, epoch + int(epoch_finished), epoch_finished,
                                   loss=loss, metrics=dict(self._metrics))
             record = self._record(result, epoch, spec.batch_size, loss, lr, update_s,
-                                  time.perf_counter() - t_start)
+                                  time.perf_counter() - t_start,
+                                  ctx.train.shards_rebuilt - rebuilt_before)
             log.log(iteration_level,
                     "epoch %d iteration %d (%d/%d): records %d, loss %.6g, %.0f samples/s",
                     epoch + 1, ctx.iteration, step + 1, per_epoch, spec.batch_size, loss,
@@ -263,7 +265,7 @@ class TrainingLoop:
         return [t for t in self.ctx.end_trigger.walk() if isinstance(t, EarlyStopping)]
 
     def _record(self, result: AllReduceResult, epoch: int, records: int, loss: float,
-                lr: float, update_s: float, wall: float) -> IterationRecord:
+                lr: float, update_s: float, wall: float, rebuilt: int) -> IterationRecord:
         compute_s = max((r.compute_s for r in result.reports), default=0.0)
         spans = result.timeline()
         record = IterationRecord(
@@ -276,7 +278,7 @@ class TrainingLoop:
             driver_rss_bytes=current_rss_bytes(),
             worker_rss_bytes=max((r.rss_bytes for r in result.reports), default=0),
             loss_scale=self._used_scale,
-            step_skipped=self._skipped, **spans)
+            step_skipped=self._skipped, shards_rebuilt=rebuilt, **spans)
         self.ctx.summary.iterations.append(record)
         return record
 

@@ -3,14 +3,23 @@
 
 A PySpark task over a cached RDD gets its whole partition re-sent from the JVM each time. The
 engine instead converts every partition once into contiguous numpy arrays
-(:mod:`sparkdl.data.records`), writes them as ``.npy`` files in the executor's work directory, and
-reaches them in later iterations through a per-Python-worker cache of memory-mapped arrays
-(:mod:`sparkdl.executor.worker_cache`). Python workers of the same executor share the files (and
-the page cache).
+(:mod:`sparkdl.data.records`) and keeps them where the task ran, in one of two places:
 
-Correctness never depends on the cache: :func:`open_shard` returns ``None`` when the files are
-not there (new executor, deleted directory), and the driver rebuilds the shards and re-runs the
-iteration, which is deterministic.
+* ``"disk"`` (the default): ``.npy`` files under the executor's per-application work directory
+  (``<SparkFiles root>/sparkdl-shards/<data key>``, directories ``0700``, files ``0600``), reached
+  in later iterations through a per-Python-worker cache of memory-mapped arrays
+  (:mod:`sparkdl.executor.worker_cache`). Python workers of the same executor share the files (and
+  the page cache). A cleanup job deletes them when training ends; a run that is killed leaves
+  them to the cluster manager, which deletes the application's directory on YARN and Kubernetes
+  (a standalone worker keeps it until ``spark.worker.cleanup.enabled`` removes it).
+* ``"memory"`` (chosen by the driver when ``spark.io.encryption.enabled`` is set, so that no
+  training data reaches an executor's disk in plaintext): the arrays live only in the memory of
+  the Python worker that built them; nothing is written, nothing outlives the worker.
+
+Correctness never depends on either: :func:`open_shard` returns ``None`` when the shard is not
+where the task runs (a new executor, another Python worker, a deleted directory), and the driver
+has that partition's shard built where the task ran (a fill job over the partition's lineage)
+and sums the iteration in partition order as usual, so the result is unchanged.
 
 Example::
 
@@ -36,15 +45,16 @@ from ..data.batch_plan import local_permutation
 from ..data.records import convert_records
 from .worker_cache import WorkerCache
 
-__all__ = ["Shard", "ShardSummary", "summarize_arrays", "build_shard", "open_shard", "drop_run",
+__all__ = ["SHARD_PLACES", "Shard", "ShardSummary", "summarize_arrays", "build_shard", "open_shard", "drop_run",
            "shard_root"]
 
 log = logging.getLogger(__name__)
 
 _SAMPLE_RECORDS = 4
 
-# (data key, partition) -> Shard; memory maps are few objects, so nothing needs freezing.
-_SHARDS: WorkerCache["Shard"] = WorkerCache(capacity=64, freeze=False)
+# (data key, partition) -> Shard; memory maps or arrays are few objects: nothing needs freezing.
+# An evicted shard is only a placement miss: the driver has it built again where it is needed.
+_SHARDS: WorkerCache["Shard"] = WorkerCache(capacity=256, freeze=False)
 
 
 @dataclass
@@ -101,21 +111,45 @@ def shard_root() -> str:
             return os.path.abspath(os.path.join(SparkFiles.getRootDirectory(), "sparkdl-shards"))
     except Exception:  # pragma: no cover - outside Spark
         pass
-    return os.path.join(tempfile.gettempdir(), "sparkdl-shards")
+    global _PRIVATE_ROOT
+    if _PRIVATE_ROOT is None:   # outside Spark: a private directory of this process
+        _PRIVATE_ROOT = tempfile.mkdtemp(prefix="sparkdl-shards-")
+    return _PRIVATE_ROOT
+
+
+_PRIVATE_ROOT: str | None = None
 
 
 def _shard_dir(data_key: str, partition: int) -> str:
     return os.path.join(shard_root(), data_key, f"part-{partition:05d}")
 
 
+def _private_dirs(path: str) -> None:
+    """``path`` and its missing parents, readable by this user only (whatever the umask)."""
+    missing = []
+    while path and not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+        os.chmod(d, 0o700)
+
+
 def _save_arrays(target: str, features: list[np.ndarray], labels: np.ndarray) -> None:
     parent = os.path.dirname(target)
-    os.makedirs(parent, exist_ok=True)
+    _private_dirs(parent)
     tmp = os.path.join(parent, f".tmp-{uuid.uuid4().hex}")
-    os.makedirs(tmp)
-    for k, f in enumerate(features):
-        np.save(os.path.join(tmp, f"x{k}.npy"), f)
-    np.save(os.path.join(tmp, "y.npy"), labels)
+    os.mkdir(tmp, 0o700)
+    os.chmod(tmp, 0o700)
+    arrays = {f"x{k}.npy": f for k, f in enumerate(features)}
+    arrays["y.npy"] = labels
+    for name, array in arrays.items():
+        fd = os.open(os.path.join(tmp, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            np.save(out, array)
     if os.path.isdir(target):
         shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
@@ -157,9 +191,13 @@ def summarize_arrays(partition: int, features: list[np.ndarray], labels: np.ndar
     return summary
 
 
+SHARD_PLACES = ("disk", "memory")
+
+
 def build_shard(data_key: str, partition: int, records: Iterable[Any],
-                float_dtype: str) -> ShardSummary:
-    """Convert one partition into arrays, store them on this executor, and summarise them.
+                float_dtype: str, place: str = "disk") -> ShardSummary:
+    """Convert one partition into arrays, keep them where this task runs (``place``: "disk" or
+    "memory", see the module docstring), and summarise them.
 
     Never raises for bad data: the problem is returned in ``ShardSummary.error`` so the driver
     can raise one clear error before training starts.
@@ -172,6 +210,9 @@ def build_shard(data_key: str, partition: int, records: Iterable[Any],
             pass
         return ShardSummary(partition=partition, error=str(exc))
     summary = summarize_arrays(partition, feats, labels)
+    if place == "memory":
+        _SHARDS.put((data_key, partition), Shard(feats, labels))
+        return summary
     summary.executor_dir = shard_root()
     directory = _shard_dir(data_key, partition)
     _save_arrays(directory, feats, labels)

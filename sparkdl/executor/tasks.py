@@ -26,7 +26,8 @@ from .replicas import Replica, drop_replica, get_replica
 from .shard_store import ShardSummary, build_shard, drop_run, open_shard
 from .step import StepSpec, TaskReport, compute_gradient, compute_metric_sums, set_task_threads
 
-__all__ = ["PickledSpec", "GradientTask", "EvaluationTask", "ShardBuildTask", "CleanupTask"]
+__all__ = ["PickledSpec", "GradientTask", "EvaluationTask", "ShardBuildTask", "CleanupTask",
+           "FillTask"]
 
 
 class PickledSpec:
@@ -50,18 +51,29 @@ def _attempt() -> int:
 
 @dataclass
 class GradientTask:
-    """One iteration's map side: ``(partition, summary) -> (vector or None, TaskReport)``."""
+    """One iteration's map side: ``(partition, summary) -> (vector or None, TaskReport)``.
+
+    ``filled``: None, or a broadcast of ``{partition: (vector, report)}`` computed for this very
+    step by :class:`FillTask` where a first attempt found no shard; those partitions
+    contribute that result instead of looking for their shard again."""
 
     run_key: str
     data_key: str
     step: StepSpec
     spec: Any            # broadcast of the cloudpickled ReplicaSpec
     weights: Any         # broadcast of the flat weights
+    filled: Any = None
 
     def __call__(self, partition: int, summary: Any) -> tuple[np.ndarray | None, TaskReport]:
+        if self.filled is not None and partition in self.filled.value:
+            return self.filled.value[partition]
+        return self.compute(partition, open_shard(self.data_key, partition)
+                            if int(self.step.counts[partition]) else None)
+
+    def compute(self, partition: int, shard: Any) -> tuple[np.ndarray | None, TaskReport]:
+        """The step on ``shard`` (None: not here, reported as a missing shard)."""
         set_task_threads()
         choice = task_device(self.step.device)
-        shard = open_shard(self.data_key, partition) if int(self.step.counts[partition]) else None
 
         def replica() -> Replica:
             return get_replica(self.run_key, PickledSpec(self.spec), choice.device)
@@ -90,13 +102,19 @@ class EvaluationTask:
                  ) -> Iterator[tuple[int, list[np.ndarray] | None, int]]:
         for _ in records:
             pass
+        yield self.compute(partition, open_shard(self.data_key, partition))
+
+    def compute(self, partition: int, shard: Any
+                ) -> tuple[int, list[np.ndarray] | None, int]:
+        """``(partition, metric sums, count)`` on ``shard`` (None: not here, sums None)."""
+        if shard is None:
+            return partition, None, 0
         set_task_threads()
         replica = get_replica(self.run_key, PickledSpec(self.spec),
                               task_device(self.device).device)
-        sums, count = compute_metric_sums(open_shard(self.data_key, partition), replica,
-                                          self.weights.value, self.metrics, self.batch_size,
-                                          self.precision)
-        yield partition, sums, count
+        sums, count = compute_metric_sums(shard, replica, self.weights.value, self.metrics,
+                                          self.batch_size, self.precision)
+        return partition, sums, count
 
 
 @dataclass
@@ -105,9 +123,26 @@ class ShardBuildTask:
 
     data_key: str
     float_dtype: str
+    place: str = "disk"
 
     def __call__(self, partition: int, records: Iterator[Any]) -> Iterator[ShardSummary]:
-        yield build_shard(self.data_key, partition, records, self.float_dtype)
+        yield build_shard(self.data_key, partition, records, self.float_dtype, self.place)
+
+
+@dataclass
+class FillTask:
+    """A fill job's function over the *input* RDD, for partitions whose task found no shard
+    where it ran: builds the shard where this task runs (so later jobs there find it), then
+    computes what ``task`` (a :class:`GradientTask` or :class:`EvaluationTask`) computes on it.
+    Yields ``(summary, task.compute(partition, shard))``."""
+
+    build: ShardBuildTask
+    task: Any
+
+    def __call__(self, partition: int, records: Iterator[Any]) -> Iterator[Any]:
+        summary = next(self.build(partition, records))
+        shard = open_shard(self.build.data_key, partition) if summary.error is None else None
+        yield summary, self.task.compute(partition, shard)
 
 
 @dataclass

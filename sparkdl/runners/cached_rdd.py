@@ -11,11 +11,23 @@ summary ``i`` in its executor's block manager, and the RDD's lineage is then cut
 tasks carry tiny checkpoint partitions (not the user's partitions, which for ``sc.parallelize``
 hold the data itself) and Spark's locality sends them to the very executor that built their shard.
 
-If an executor is lost, its checkpointed blocks are lost with it and the iteration's job fails with
-Spark's "Checkpoint block ... not found"; the engine recognises that (:func:`lost_data_reason`),
-rebuilds all shards from the user's RDD with :meth:`CachedData.rebuild` and re-runs the iteration,
-which is deterministic. A task that finds no shard where it runs reports it and leads to the same
-rebuild.
+Two ways of losing a shard, two repairs:
+
+* A *placement miss*: Spark ran a task where its shard is not (the locality wait ran out, a new
+  executor, another Python worker with ``"memory"`` shards). The task reports it and
+  :meth:`CachedData.fill` runs a job over the user's RDD for exactly those partitions: each fill
+  task builds its partition's shard where it runs (later iterations there find it) and computes
+  the same step on it. Only the missing shards are built, wherever the scheduler puts the tasks,
+  and a miss never fails a run.
+* A *lost executor*: its checkpointed blocks are lost with it and the iteration's job fails with
+  Spark's "Checkpoint block ... not found"; the engine recognises that (:func:`lost_data_reason`),
+  rebuilds all shards and the index with :meth:`CachedData.rebuild` and re-runs the iteration,
+  which is deterministic.
+
+Every rebuilt shard is checked against the first build (sample count and content hash): an input
+RDD that does not give back the same samples is a :class:`~sparkdl.errors.TrainingDataError`.
+Rebuilt shards and misses are counted (``shards_rebuilt``, ``placement_misses``) for the
+training summary.
 """
 
 from __future__ import annotations
@@ -31,8 +43,9 @@ from pyspark import RDD, StorageLevel
 from ..errors import TrainingDataError
 from ..executor.shard_store import ShardSummary
 from ..executor.tasks import CleanupTask, ShardBuildTask
+from ..transport.allreduce import with_resources
 
-__all__ = ["CachedData", "clean_workers", "lost_data_reason", "memory_kill_reason"]
+__all__ = ["CachedData", "clean_workers", "lost_data_reason", "memory_kill_reason", "shard_place"]
 
 _LOST_DATA_MARKERS = ("Checkpoint block", "ExecutorLostFailure", "FetchFailed")
 _MEMORY_KILL_MARKERS = ("exceeding memory limits", "exceeding physical memory",
@@ -61,6 +74,33 @@ def lost_data_reason(exc: BaseException) -> str | None:
 log = logging.getLogger(__name__)
 
 
+def shard_place(conf: Any) -> str:
+    """Where executors keep shards under this Spark configuration: ``"memory"`` when
+    ``spark.io.encryption.enabled`` asks that nothing reach the executors' disks unencrypted,
+    ``"disk"`` otherwise (see :mod:`sparkdl.executor.shard_store`)."""
+    enabled = str(conf.get("spark.io.encryption.enabled", "false") or "false")
+    return "memory" if enabled.strip().lower() == "true" else "disk"
+
+
+def _rows(rows: Any) -> Any:
+    return rows
+
+
+def _check_unchanged(name: str, old: ShardSummary, new: ShardSummary) -> None:
+    """A rebuilt shard must hold the samples the batch plan was made for."""
+    if old.error is not None or new.error is not None or \
+            (old.count, old.content_hash) == (new.count, new.content_hash):
+        return
+    what = (f"{old.count} samples before, {new.count} now" if old.count != new.count
+            else "the same number of samples with other contents")
+    raise TrainingDataError(
+        f"Partition {new.partition} of the {name} RDD came back different when its shard was "
+        f"rebuilt ({what}): the RDD is not deterministic (random sampling without a seed, an "
+        "unordered source, a nondeterministic UDF), so training cannot go on with the samples "
+        "its batch plan was made for. Make the input deterministic: cache() or checkpoint() it "
+        "before training, sort it, or seed its sampling.")
+
+
 class CachedData:
     """An RDD of ``(features, label)`` pairs held as shards on the executors.
 
@@ -68,15 +108,23 @@ class CachedData:
         rdd: the user's RDD (not modified, never unpersisted by sparkdl).
         float_dtype: numpy dtype string that floating features and labels are stored in.
         name: a word for the logs ("training", "validation").
+        place: where executors keep the shards, "disk" or "memory" (:func:`shard_place`).
     """
 
-    def __init__(self, rdd: RDD, float_dtype: str, name: str) -> None:
+    def __init__(self, rdd: RDD, float_dtype: str, name: str, place: str = "disk") -> None:
         self.rdd = rdd
         self.float_dtype = float_dtype
         self.name = name
+        self.place = place
         self.data_key = f"{name}-{uuid.uuid4().hex[:12]}"
         self.index_rdd: RDD | None = None
         self.summaries: list[ShardSummary] = []
+        self.shards_rebuilt = 0
+        self.placement_misses = 0
+
+    @property
+    def builder(self) -> ShardBuildTask:
+        return ShardBuildTask(self.data_key, self.float_dtype, self.place)
 
     @property
     def num_partitions(self) -> int:
@@ -86,8 +134,7 @@ class CachedData:
         """Convert every partition into a shard on its executor (one Spark job)."""
         if self.index_rdd is not None:
             self.index_rdd.unpersist(blocking=False)
-        builder = ShardBuildTask(self.data_key, self.float_dtype)
-        self.index_rdd = self.rdd.mapPartitionsWithIndex(builder)
+        self.index_rdd = self.rdd.mapPartitionsWithIndex(self.builder)
         self.index_rdd.setName(f"sparkdl {self.name} shards {self.data_key}")
         # persist() also stops pyspark from pipelining later stages into the build function;
         # localCheckpoint() then cuts the lineage once the blocks exist.
@@ -101,22 +148,32 @@ class CachedData:
     def rebuild(self, reason: str) -> None:
         """Build all shards again (``reason`` goes to the log) and check that the lineage gave
         back the same samples: a nondeterministic input would silently train on other data."""
-        log.warning("%s shards must be rebuilt: %s; rebuilding them from the RDD lineage",
-                    self.name, reason)
+        log.warning("%s shards must be rebuilt: %s; rebuilding all %d of them from the RDD "
+                    "lineage", self.name, reason, self.num_partitions)
         before = self.summaries
         self.build()
+        self.shards_rebuilt += len(self.summaries)
         for old, new in zip(before, self.summaries):
-            if old.error is None and new.error is None and \
-                    (old.count, old.content_hash) != (new.count, new.content_hash):
-                what = (f"{old.count} samples before, {new.count} now" if old.count != new.count
-                        else "the same number of samples with other contents")
-                raise TrainingDataError(
-                    f"Partition {new.partition} of the {self.name} RDD came back different when "
-                    f"its shard was rebuilt ({what}): the RDD is not deterministic (random "
-                    "sampling without a seed, an unordered source, a nondeterministic UDF), so "
-                    "training cannot go on with the samples its batch plan was made for. Make the "
-                    "input deterministic: cache() or checkpoint() it before training, sort it, or "
-                    "seed its sampling.")
+            _check_unchanged(self.name, old, new)
+
+    def fill(self, partitions: list[int], task: Any, resources: Any = None) -> list[Any]:
+        """Run ``task`` (a :class:`~sparkdl.executor.tasks.FillTask`) over ``partitions`` of the
+        input RDD only: each builds its partition's shard where it runs and computes on it.
+        Returns the tasks' results in partition order, once each rebuilt shard has been checked
+        against the first build."""
+        self.placement_misses += len(partitions)
+        rdd = with_resources(self.rdd.mapPartitionsWithIndex(task), resources)
+        rows = self.rdd.context.runJob(rdd, _rows, sorted(partitions))
+        self.shards_rebuilt += len(rows)
+        for summary, _ in rows:
+            _check_unchanged(self.name, self.summaries[summary.partition], summary)
+            if summary.error is not None:
+                raise TrainingDataError(f"Partition {summary.partition} of the {self.name} RDD "
+                                        f"failed when its shard was rebuilt: {summary.error}")
+        log.info("%s partitions %s ran where their shard was not; built those %d shards where "
+                 "their tasks ran (%d shards rebuilt so far)", self.name, sorted(partitions),
+                 len(rows), self.shards_rebuilt)
+        return [result for _, result in sorted(rows, key=lambda r: r[0].partition)]
 
     def release(self) -> None:
         """Unpersist the index RDD and delete the shard files this machine can reach."""

@@ -66,6 +66,8 @@ class InProcessData:
     name: str
     summaries: list[ShardSummary] = field(default_factory=list)
     shards: list[Shard | None] = field(default_factory=list)
+    shards_rebuilt: int = 0
+    placement_misses: int = 0
 
     @property
     def num_partitions(self) -> int:

@@ -39,10 +39,14 @@ __all__ = ["DataHandle", "RunnerOptions", "PartitionMetrics", "IterationRunner"]
 
 
 class DataHandle(Protocol):
-    """Data a runner holds for the tasks: one summary per partition, in partition order."""
+    """Data a runner holds for the tasks: one summary per partition, in partition order, and
+    how many of its shards were built again (after misses or losses) and how many tasks ran
+    where their shard was not."""
 
     name: str
     summaries: list[ShardSummary]
+    shards_rebuilt: int
+    placement_misses: int
 
     @property
     def num_partitions(self) -> int: ...

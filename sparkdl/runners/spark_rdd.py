@@ -22,18 +22,21 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np
 
-from .cached_rdd import CachedData, clean_workers, lost_data_reason, memory_kill_reason
+from .cached_rdd import (CachedData, clean_workers, lost_data_reason, memory_kill_reason,
+                         shard_place)
 from .interface import PartitionMetrics, RunnerOptions
 from ..executor.replicas import ReplicaSpec
 from ..executor.step import StepSpec
-from ..executor.tasks import EvaluationTask, GradientTask
+from ..executor.tasks import EvaluationTask, FillTask, GradientTask
 from ..metrics import ValidationMetric
 from ..errors import InvalidArgumentError
-from ..transport.allreduce import AllReduceResult, make_allreduce, with_resources
+from ..transport.allreduce import (AllReduceResult, DriverAllReduce, make_allreduce,
+                                  with_resources)
 from ..transport.flat_layout import ParamLayout
 
 __all__ = ["SparkRddRunner"]
@@ -94,7 +97,11 @@ class SparkRddRunner:
         return ResourceProfileBuilder().require(requests).build
 
     def load(self, data: Any, name: str, float_dtype: str) -> CachedData:
-        cached = CachedData(data, float_dtype, name)
+        place = shard_place(self.spark_context.getConf())
+        if place == "memory":
+            log.info("spark.io.encryption.enabled: the %s shards stay in the Python workers' "
+                     "memory (nothing is written to the executors' disks)", name)
+        cached = CachedData(data, float_dtype, name, place)
         self._held.append(cached)
         cached.build()
         return cached
@@ -117,13 +124,44 @@ class SparkRddRunner:
         t0 = time.perf_counter()
         weights_bc = self.spark_context.broadcast(weights)
         broadcast_s = time.perf_counter() - t0
+        filled_bc = None
         try:
             task = GradientTask(self.run_key, data.data_key, step, self._spec_bc, weights_bc)
             result = self._allreduce.run(data.index_rdd, task, self._resources)
+            filled: dict[int, Any] = {}
+            # Each round fills at least one partition for good, so this ends within N rounds.
+            for _ in range(data.num_partitions):
+                missing = [p for p in result.missing_partitions if p not in filled]
+                if not missing:
+                    break
+                fill = FillTask(data.builder, task)
+                attempts = {r.partition: r.attempt for r in result.reports}
+                for p, (vector, report) in zip(missing,
+                                               data.fill(missing, fill, self._resources)):
+                    report.attempt = max(report.attempt, attempts.get(p, 0))  # for the log
+                    filled[p] = (vector, report)
+                result = self._with_filled(result, filled)
+                if result is None:  # the shuffle path sums on the executors: run it again
+                    if filled_bc is not None:
+                        filled_bc.destroy(blocking=False)
+                    filled_bc = self.spark_context.broadcast(filled)
+                    result = self._allreduce.run(data.index_rdd,
+                                                 replace(task, filled=filled_bc),
+                                                 self._resources)
         finally:
             weights_bc.destroy(blocking=False)
+            if filled_bc is not None:
+                filled_bc.destroy(blocking=False)
         result.broadcast_s = broadcast_s
         return result
+
+    def _with_filled(self, result: AllReduceResult, filled: dict[int, Any]
+                     ) -> AllReduceResult | None:
+        """``result`` completed with the filled partitions' vectors when the driver holds every
+        task's vector (the driver path), or None (the shuffle path must run again)."""
+        if not isinstance(self._allreduce, DriverAllReduce):
+            return None
+        return self._allreduce.complete(result, filled)
 
     def evaluate(self, data: CachedData, weights: np.ndarray,
                  metrics: Sequence[ValidationMetric], batch_size: int
@@ -136,6 +174,10 @@ class SparkRddRunner:
                                   self._options.precision)
             rows = with_resources(data.index_rdd.mapPartitionsWithIndex(task),
                                   self._resources).collect()
+            missing = [p for p, sums, _ in rows if sums is None]
+            if missing:
+                rows = [r for r in rows if r[1] is not None] + data.fill(
+                    missing, FillTask(data.builder, task), self._resources)
         finally:
             weights_bc.destroy(blocking=False)
         return [PartitionMetrics(p, sums, n) for p, sums, n in sorted(rows, key=lambda r: r[0])]

@@ -73,6 +73,9 @@ class AllReduceResult:
     reduce_started_at: float = 0.0
     reduce_finished_at: float = 0.0
     returned_at: float = 0.0
+    pending: list[tuple[int, Any]] | None = field(default=None, repr=False)
+    """The driver path's encoded vectors by partition, kept only while some partition's shard was
+    missing (see :meth:`DriverAllReduce.complete`)."""
 
     def timeline(self) -> dict[str, float]:
         """Seconds of: ``launch_s`` (submission until the last task began computing),
@@ -206,10 +209,33 @@ class DriverAllReduce:
         frames = with_resources(mapped, resources).collect()
         returned_at, t0 = time.time(), time.perf_counter()
         messages = list(read_messages(frames))
-        vector = sum_in_order(((r.partition, b) for r, b in messages), codec, 0, self.size)
+        parts = [(r.partition, b) for r, b in messages]
+        vector = sum_in_order(parts, codec, 0, self.size)
         reports = sorted((r for r, _ in messages), key=lambda r: r.partition)
+        missing = any(getattr(r, "missing_shard", False) for r in reports)
         return AllReduceResult(vector, reduce_s=time.perf_counter() - t0, reports=reports,
-                               submitted_at=submitted_at, returned_at=returned_at)
+                               submitted_at=submitted_at, returned_at=returned_at,
+                               pending=parts if missing else None)
+
+    def complete(self, result: AllReduceResult, filled: dict[int, tuple[Any, Any]]
+                 ) -> AllReduceResult:
+        """``result`` with the ``(vector, report)`` of the ``filled`` partitions (computed by
+        another job) in place of their missing ones, summed again in partition order: bitwise
+        the sum an undisturbed job gives."""
+        assert result.pending is not None
+        t0 = time.perf_counter()
+        parts = dict(result.pending)
+        reports = {r.partition: r for r in result.reports}
+        for partition, (vector, report) in filled.items():
+            parts[partition] = None if vector is None else self.codec.encode(vector, 0)
+            reports[partition] = report
+        ordered = sorted(reports.values(), key=lambda r: r.partition)
+        missing = any(getattr(r, "missing_shard", False) for r in ordered)
+        return AllReduceResult(sum_in_order(parts.items(), self.codec, 0, self.size),
+                               reduce_s=result.reduce_s + time.perf_counter() - t0,
+                               reports=ordered, submitted_at=result.submitted_at,
+                               returned_at=result.returned_at,
+                               pending=list(parts.items()) if missing else None)
 
 
 def make_allreduce(layout: ParamLayout, path: str, num_partitions: int,
