@@ -127,7 +127,7 @@ def test_preprocessing_function_runs_on_feature_batches(spark):
 
 @pytest.mark.parametrize("change,error,match", [
     (lambda df: df.withColumn("features", F.lit("x")), InvalidArgumentError,
-     r"Column 'features' has type string.*VectorAssembler"),
+     r"Column 'features' \(featuresCol\) has type string.*VectorAssembler"),
     (lambda df: df.drop("label"), InvalidArgumentError,
      r"Column 'label' \(labelCol\) does not exist"),
     (lambda df: df.withColumnRenamed("features", "f"), InvalidArgumentError,

@@ -62,3 +62,19 @@ def test_dataframe_lenet_example_reaches_its_target(tmp_path):
 
 def test_adult_census_pipeline_example():
     assert metric(spark_submit("adult_census_pipeline.py", "--min-accuracy", "0.84")) >= 0.84
+
+
+@pytest.mark.parametrize("script, name, plausible", [
+    ("movielens_recommender.py", "rmse", lambda v: v < 1.1),
+    ("movielens_history.py", "auc", lambda v: v > 0.6)])
+def test_movielens_examples_match_single_process_pytorch(script, name, plausible):
+    """Real ids and sequences (MovieLens, time-based split): sparkdl's test metric within 2%
+    of plain single-process PyTorch trained with the same recipe."""
+    proc = spark_submit(script, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    found = re.search(rf"test {name}: ([0-9.]+) \(single-process PyTorch, same recipe: "
+                      r"([0-9.]+); gap", proc.stdout)
+    assert found, proc.stdout
+    ours, single = float(found.group(1)), float(found.group(2))
+    assert abs(ours - single) / single <= 0.02, (ours, single)
+    assert plausible(ours) and plausible(single), (ours, single)

@@ -252,7 +252,7 @@ def test_executors_join_and_leave_under_dynamic_allocation(sc, tmp_path):
     finally:
         cluster.stop()
     assert f"iterations={iterations}" in stdout
-    assert "Lost executor" in stderr and "Worker shutting down" in stderr
+    assert "Lost executor" in stderr          # the stopped worker's executor
     model = SmallNet()
     model.load_state_dict(torch.load(out, weights_only=True))
     clean, _ = cluster_job.train(sc, iterations=iterations, sizes=sizes)

@@ -39,6 +39,20 @@ def task_seed(seed: int, iteration: int, partition: int) -> int:
     return int(state.generate_state(1, dtype=np.uint64)[0] & 0x7FFFFFFFFFFFFFFF)
 
 
+def transform_generator(seed: int, iteration: int, partition: int) -> np.random.Generator:
+    """The numpy generator a task hands the ``train_transform`` (augmentation) of its share of
+    iteration ``iteration``: seeded by ``(seed, iteration, partition)`` only, so every retry and
+    every run with the same seed draws the same augmentations.
+
+    Example (what a single-process reference does for partition ``p``'s share)::
+
+        x_p = train_transform(x[plan.local_indices(epoch, step, p)],
+                              transform_generator(seed, iteration, p))
+    """
+    return np.random.default_rng(
+        np.random.SeedSequence([int(seed) & 0xFFFFFFFF, iteration, partition, 0x61756721]))
+
+
 def local_permutation(num_samples: int, seed: int, epoch: int, partition: int,
                       shuffle: bool = True) -> np.ndarray:
     """The order in which partition ``partition`` visits its samples during ``epoch``."""

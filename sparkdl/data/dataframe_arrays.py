@@ -1,10 +1,20 @@
 """DataFrame columns to numpy arrays through Arrow batches (never ``Row`` objects).
 
-The estimators accept features as a Vector column (dense or sparse), an ``array<numeric>``
-column, a list of numeric columns, or an image column read by ``spark.read.format("image")``.
-:func:`feature_source` inspects the schema (no Spark job) and :func:`to_blocks` turns the
-DataFrame into an RDD of :class:`~sparkdl.data.records.ArrayBlock` (one per Arrow batch), which the
-engine stores as shards. :func:`arrow_features` is shared with inference.
+The estimators take the model's inputs from the DataFrame in one of two ways:
+
+* one input: ``featuresCol`` (a Vector column, dense or sparse; an ``array<numeric>`` column; an
+  image column read by ``spark.read.format("image")``) or ``featuresCols`` (numeric columns
+  side by side);
+* several inputs: ``inputCols``, one column per model argument in order (``model(*inputs)``),
+  each a Vector, a numeric array, a numeric scalar or an image column.
+
+Integer columns (scalars, arrays, all-integer ``featuresCols``) reach the model as int64 (ids
+for ``nn.Embedding``); floating ones in the model's float dtype; Vectors as floats; images as
+float ``C x H x W`` in [0, 1].
+
+:func:`feature_sources` inspects the schema (no Spark job) and :func:`to_blocks` turns the
+DataFrame into an RDD of :class:`~sparkdl.data.records.ArrayBlock` (one per Arrow batch), which
+the engine stores as shards. :func:`arrow_inputs` is shared with inference.
 """
 
 from __future__ import annotations
@@ -17,75 +27,166 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import InvalidArgumentError
+from .ragged import Ragged
 from .records import ArrayBlock
 
-__all__ = ["FeatureSource", "feature_source", "feature_expression", "arrow_features",
-           "to_blocks", "arrays_to_dataframe", "FEATURES_FIELD", "LABEL_FIELD"]
+__all__ = ["FeatureSource", "feature_sources", "feature_expression", "arrow_features",
+           "arrow_inputs", "input_expressions", "check_label_column", "check_weight_column",
+           "to_blocks",
+           "arrays_to_dataframe", "LABEL_FIELD", "numpy_float_dtype"]
 
-FEATURES_FIELD = "_sparkdl_features"
 LABEL_FIELD = "_sparkdl_label"
 _IMAGE_FIELDS = {"origin", "height", "width", "nChannels", "mode", "data"}
 
 
 @dataclass(frozen=True)
 class FeatureSource:
-    """Where the features come from: ``kind`` is vector, array, columns or image."""
+    """Where one model input comes from: ``kind`` is vector, array, scalar, columns or image;
+    ``integral``: integer values, kept as int64."""
 
     kind: str
     columns: tuple[str, ...]
+    integral: bool = False
+    ragged: bool = False     # an array column whose rows vary in length (sequenceCols)
 
     @property
     def name(self) -> str:
         return self.columns[0] if len(self.columns) == 1 else str(list(self.columns))
 
 
+def numpy_float_dtype(model: Any) -> np.dtype:
+    """The numpy dtype floating inputs take for ``model``: its first floating parameter's
+    (float32 for bfloat16/float16 models and models without parameters; the model casts)."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            return np.dtype(np.float64) if str(p.dtype) == "torch.float64" else \
+                np.dtype(np.float32)
+    return np.dtype(np.float32)
+
+
 def _column_error(column: str, problem: str) -> InvalidArgumentError:
     return InvalidArgumentError(
         f"Column '{column}' {problem}. Features must be a Vector column, an array<numeric> "
-        "column, a list of numeric columns (featuresCols) or an image column; combine other "
-        "columns with pyspark.ml.feature.VectorAssembler.")
+        "column, a list of numeric columns (featuresCols), an image column, or one such column "
+        "(or a numeric scalar column) per model input (inputCols); combine other columns with "
+        "pyspark.ml.feature.VectorAssembler.")
 
 
-def feature_source(schema: Any, features_col: str, features_cols: Sequence[str]) -> FeatureSource:
-    """Check the feature columns against the DataFrame's schema (no Spark job)."""
+def _missing(column: str, param: str, names: list[str]) -> InvalidArgumentError:
+    return InvalidArgumentError(f"Column '{column}' ({param}) does not exist; the DataFrame has "
+                                f"columns {names}.")
+
+
+def _one_column(schema: Any, column: str, param: str, scalar_ok: bool) -> FeatureSource:
     from pyspark.ml.linalg import VectorUDT
-    from pyspark.sql.types import ArrayType, NumericType, StructType
+    from pyspark.sql.types import ArrayType, IntegralType, NumericType, StructType
+
+    if column not in schema.fieldNames():
+        raise _missing(column, param, schema.fieldNames())
+    dtype = schema[column].dataType
+    if isinstance(dtype, VectorUDT):
+        return FeatureSource("vector", (column,))
+    if isinstance(dtype, ArrayType) and isinstance(dtype.elementType, NumericType):
+        return FeatureSource("array", (column,), isinstance(dtype.elementType, IntegralType))
+    if isinstance(dtype, StructType) and _IMAGE_FIELDS <= set(dtype.fieldNames()):
+        return FeatureSource("image", (column,))
+    if scalar_ok and isinstance(dtype, NumericType):
+        return FeatureSource("scalar", (column,), isinstance(dtype, IntegralType))
+    raise _column_error(column, f"({param}) has type {dtype.simpleString()}")
+
+
+def feature_sources(schema: Any, features_col: str, features_cols: Sequence[str],
+                    input_cols: Sequence[str] = (), sequence_cols: Sequence[str] = ()
+                    ) -> list[FeatureSource]:
+    """The model's inputs, checked against the DataFrame's schema (no Spark job): one per
+    column of ``input_cols`` when given, else the one of ``features_cols`` or ``features_col``;
+    the array columns in ``sequence_cols`` are variable-length."""
+    from dataclasses import replace
+
+    from pyspark.sql.types import IntegralType, NumericType
 
     names = schema.fieldNames()
+    if input_cols or sequence_cols:
+        columns = list(input_cols) or [features_col]
+        param = "in inputCols" if input_cols else "featuresCol"
+        sources = [_one_column(schema, c, param, scalar_ok=bool(input_cols)) for c in columns]
+        for c in sequence_cols:
+            if c not in columns:
+                raise InvalidArgumentError(
+                    f"Column '{c}' (in sequenceCols) is not one of the model's input columns "
+                    f"{columns}.")
+        sources = [replace(s, ragged=True) if s.columns[0] in sequence_cols else s
+                   for s in sources]
+        for s in sources:
+            if s.ragged and s.kind != "array":
+                raise _column_error(s.columns[0], f"(in sequenceCols) is a {s.kind} column, "
+                                                  "not an array<numeric> column")
+        return sources
     if features_cols:
         for c in features_cols:
             if c not in names:
-                raise InvalidArgumentError(f"Column '{c}' (in featuresCols) does not exist; the "
-                                           f"DataFrame has columns {names}.")
+                raise _missing(c, "in featuresCols", names)
             if not isinstance(schema[c].dataType, NumericType):
                 raise _column_error(c, f"(in featuresCols) has type "
                                        f"{schema[c].dataType.simpleString()}, not a numeric type")
-        return FeatureSource("columns", tuple(features_cols))
-    if features_col not in names:
-        raise InvalidArgumentError(f"Column '{features_col}' (featuresCol) does not exist; the "
-                                   f"DataFrame has columns {names}.")
-    dtype = schema[features_col].dataType
-    if isinstance(dtype, VectorUDT):
-        return FeatureSource("vector", (features_col,))
-    if isinstance(dtype, ArrayType) and isinstance(dtype.elementType, NumericType):
-        return FeatureSource("array", (features_col,))
-    if isinstance(dtype, StructType) and _IMAGE_FIELDS <= set(dtype.fieldNames()):
-        return FeatureSource("image", (features_col,))
-    raise _column_error(features_col, f"has type {dtype.simpleString()}")
+        integral = all(isinstance(schema[c].dataType, IntegralType) for c in features_cols)
+        return [FeatureSource("columns", tuple(features_cols), integral)]
+    return [_one_column(schema, features_col, "featuresCol", scalar_ok=False)]
 
 
-def feature_expression(source: FeatureSource) -> Any:
-    """A Spark column holding the features in a form Arrow hands over as one list array."""
+def check_weight_column(schema: Any, weight_col: str) -> None:
+    """The weight column exists and is numeric, before any Spark job."""
+    from pyspark.sql.types import NumericType
+
+    if weight_col not in schema.fieldNames():
+        raise _missing(weight_col, "weightCol", schema.fieldNames())
+    if not isinstance(schema[weight_col].dataType, NumericType):
+        raise InvalidArgumentError(f"Column '{weight_col}' (weightCol) has type "
+                                   f"{schema[weight_col].dataType.simpleString()}; sample "
+                                   "weights must be numeric (>= 0).")
+
+
+def check_label_column(schema: Any, label_col: str) -> None:
+    """The label column exists and is numeric (or an array of numbers), before any Spark job."""
+    from pyspark.sql.types import ArrayType, NumericType, StringType
+
+    if label_col not in schema.fieldNames():
+        raise _missing(label_col, "labelCol", schema.fieldNames())
+    dtype = schema[label_col].dataType
+    if isinstance(dtype, NumericType) or (isinstance(dtype, ArrayType) and
+                                          isinstance(dtype.elementType, NumericType)):
+        return
+    hint = (" Index string labels first: pyspark.ml.feature.StringIndexer(inputCol="
+            f"'{label_col}', outputCol='label_index') gives 0-based class indices (as doubles)."
+            if isinstance(dtype, StringType) else "")
+    raise InvalidArgumentError(f"Column '{label_col}' (labelCol) has type "
+                               f"{dtype.simpleString()}; labels must be numeric (class indices "
+                               f"or regression targets) or arrays of numbers.{hint}")
+
+
+def feature_expression(source: FeatureSource, float_type: str = "float") -> Any:
+    """A Spark column holding one input in a form Arrow hands over as one array (a list array,
+    or a primitive one for scalars); floating values as ``float_type`` ("float" or "double")."""
     from pyspark.ml.functions import vector_to_array
     from pyspark.sql import functions as F
 
+    element = "bigint" if source.integral else float_type
     if source.kind == "vector":
-        return vector_to_array(F.col(source.columns[0]), "float32")
+        return vector_to_array(F.col(source.columns[0]),
+                               "float64" if float_type == "double" else "float32")
     if source.kind == "array":
-        return F.col(source.columns[0]).cast("array<float>")
+        return F.col(source.columns[0]).cast(f"array<{element}>")
+    if source.kind == "scalar":
+        return F.col(source.columns[0]).cast(element)
     if source.kind == "columns":
-        return F.array(*[F.col(c).cast("float") for c in source.columns])
+        return F.array(*[F.col(c).cast(element) for c in source.columns])
     return F.col(source.columns[0])
+
+
+def input_expressions(sources: Sequence[FeatureSource], float_type: str) -> list[Any]:
+    """:func:`feature_expression` of every input, aliased ``_sparkdl_input<k>``."""
+    return [feature_expression(s, float_type).alias(f"_sparkdl_input{k}")
+            for k, s in enumerate(sources)]
 
 
 def _list_to_matrix(column: pa.Array, what: str) -> np.ndarray:
@@ -119,23 +220,72 @@ def _images_to_array(column: pa.Array, what: str) -> np.ndarray:
     return raw.reshape(len(column), h, w, c).transpose(0, 3, 1, 2).astype(np.float32) / 255.0
 
 
+def _ragged(column: pa.Array, what: str) -> Ragged:
+    """A list column as values plus offsets, without padding (no copy of the values when the
+    types allow)."""
+    if column.null_count:
+        raise ValueError(f"{what} has null values")
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    offsets = np.asarray(column.offsets).astype(np.int64)
+    values = column.flatten().to_numpy(zero_copy_only=False)
+    if values.dtype.kind == "f" and not np.isfinite(values).all():
+        raise ValueError(f"{what} has NaN or infinite values")
+    return Ragged(values, offsets - offsets[0])
+
+
+def _scalars(column: pa.Array, what: str) -> np.ndarray:
+    if column.null_count:
+        raise ValueError(f"{what} has null values")
+    return column.to_numpy(zero_copy_only=False)
+
+
 def arrow_features(column: pa.Array, source: FeatureSource, feature_shape: Sequence[int],
-                   preprocess: Callable[[np.ndarray], np.ndarray] | None) -> np.ndarray:
-    """One Arrow batch of the feature column as a float32 array (reshaped, preprocessed)."""
+                   preprocess: Callable[[np.ndarray], np.ndarray] | None,
+                   float_dtype: Any = np.float32) -> np.ndarray:
+    """One Arrow batch of one input column as an array: int64 for integer columns, else
+    ``float_dtype`` (reshaped to ``feature_shape`` when given, preprocessed)."""
     what = f"Column '{source.name}'"
-    x = (_images_to_array(column, what) if source.kind == "image"
-         else _list_to_matrix(column, what).astype(np.float32, copy=False))
+    if source.ragged:
+        r = _ragged(column, what).astype(np.int64 if source.integral else float_dtype)
+        return preprocess(r) if preprocess is not None else r
+    if source.kind == "image":
+        x = _images_to_array(column, what).astype(float_dtype, copy=False)
+    elif source.kind == "scalar":
+        x = _scalars(column, what)
+    else:
+        x = _list_to_matrix(column, what)
+    x = x.astype(np.int64 if source.integral else float_dtype, copy=False)
     if feature_shape:
         per_row = int(np.prod(x.shape[1:]))
         if per_row != int(np.prod(feature_shape)):
             raise ValueError(f"{what} has {per_row} values per row, which cannot be reshaped to "
                              f"featureShape {list(feature_shape)}")
         x = x.reshape(len(x), *feature_shape)
-    if x.size and not np.isfinite(x).all():
+    if x.size and x.dtype.kind == "f" and not np.isfinite(x).all():
         raise ValueError(f"{what} has NaN or infinite values")
     if preprocess is not None:
         x = np.asarray(preprocess(x))
     return x
+
+
+def arrow_inputs(columns: Sequence[pa.Array], sources: Sequence[FeatureSource],
+                 feature_shape: Sequence[int], preprocess: Any, float_dtype: Any
+                 ) -> list[np.ndarray]:
+    """One Arrow batch of every input column as arrays, one per model input. With one input,
+    ``feature_shape`` and ``preprocess`` apply to it; with several (``inputCols``),
+    ``preprocess`` takes the list of arrays and returns a list of the same length."""
+    if len(sources) == 1:
+        return [arrow_features(columns[0], sources[0], feature_shape, preprocess, float_dtype)]
+    xs: list[Any] = [arrow_features(c, s, (), None, float_dtype)
+                     for c, s in zip(columns, sources)]
+    if preprocess is not None:
+        out = preprocess(list(xs))
+        if not isinstance(out, (list, tuple)) or len(out) != len(xs):
+            raise ValueError(f"preprocess must return a list of {len(xs)} arrays (one per "
+                             f"inputCols column); got {type(out).__name__}")
+        xs = [np.asarray(x) for x in out]
+    return xs
 
 
 def _labels(column: pa.Array, label_col: str, classifier: bool) -> np.ndarray:
@@ -171,13 +321,29 @@ def _slices(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:
         yield batch.slice(start, per_chunk)
 
 
-def to_blocks(df: Any, source: FeatureSource, label_col: str, classifier: bool,
-              feature_shape: Sequence[int], preprocess: Any, partitions: int) -> Any:
-    """The rows of ``df`` as an RDD of ArrayBlocks, one per Arrow batch, in ``partitions``."""
+def _weights(column: pa.Array, weight_col: str, float_dtype: Any) -> np.ndarray:
+    what = f"Column '{weight_col}' (weightCol)"
+    w = _scalars(column, what).astype(np.float64)
+    if not np.isfinite(w).all() or (w < 0).any():
+        bad = w[~np.isfinite(w) | (w < 0)][:3]
+        raise ValueError(f"{what} must hold finite weights >= 0; found {bad}")
+    return w.astype(float_dtype)
+
+
+def to_blocks(df: Any, sources: Sequence[FeatureSource], label_col: str, classifier: bool,
+              feature_shape: Sequence[int], preprocess: Any, partitions: int,
+              float_dtype: Any = np.float32, weight_col: str = "") -> Any:
+    """The rows of ``df`` as an RDD of ArrayBlocks, one per Arrow batch, in ``partitions``;
+    with ``weight_col`` every block's last feature array is the rows' weights."""
     from pyspark.sql import functions as F
 
-    selected = df.select(feature_expression(source).alias(FEATURES_FIELD),
+    float_dtype = np.dtype(float_dtype)
+    float_type = "double" if float_dtype == np.float64 else "float"
+    inputs = len(sources)
+    weights = [F.col(weight_col).cast("double").alias("_sparkdl_weight")] if weight_col else []
+    selected = df.select(*input_expressions(sources, float_type), *weights,
                          F.col(label_col).alias(LABEL_FIELD))
+    label_at = inputs + len(weights)
     if partitions and partitions != selected.rdd.getNumPartitions():
         selected = selected.repartition(partitions)
     shape = list(feature_shape)
@@ -186,9 +352,12 @@ def to_blocks(df: Any, source: FeatureSource, label_col: str, classifier: bool,
         for whole in batches:
             for batch in _slices(whole, _BLOCK_BYTES):
                 try:
-                    block = ArrayBlock([arrow_features(batch.column(0), source, shape,
-                                                       preprocess)],
-                                       _labels(batch.column(1), label_col, classifier))
+                    xs = arrow_inputs(batch.columns[:inputs], sources, shape, preprocess,
+                                      float_dtype)
+                    if weight_col:
+                        xs.append(_weights(batch.column(inputs), weight_col, float_dtype))
+                    block = ArrayBlock(xs, _labels(batch.column(label_at), label_col,
+                                                   classifier))
                 except ValueError as exc:
                     block = ArrayBlock([], np.zeros(0), error=str(exc))
                 payload = pickle.dumps(block, protocol=pickle.HIGHEST_PROTOCOL)

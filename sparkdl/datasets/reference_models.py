@@ -5,15 +5,18 @@ Example::
     from sparkdl.datasets import lenet5, mlp
     net = lenet5()                  # 1x28x28 images -> 10 logits
     wide = mlp([784, 4096, 4096, 10])
+    recommender = MovieRecommender(users=671, items=9066, genres=20)
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
+import numpy as np
+import torch
 from torch import nn
 
-__all__ = ["lenet5", "mlp"]
+__all__ = ["lenet5", "mlp", "MovieRecommender", "HistoryClassifier", "train_single_process"]
 
 
 def lenet5(num_classes: int = 10) -> nn.Sequential:
@@ -37,3 +40,80 @@ def mlp(sizes: Sequence[int]) -> nn.Sequential:
         if i < len(sizes) - 2:
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
+
+
+def _masked_mean(embedding: nn.Embedding, ids: torch.Tensor, lengths: torch.Tensor
+                 ) -> torch.Tensor:
+    """Mean of the embeddings of each row's first ``lengths`` ids (zeros for an empty row)."""
+    mask = torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None]
+    summed = (embedding(ids) * mask[..., None]).sum(1)
+    return summed / lengths.clamp(min=1)[:, None].to(summed.dtype)
+
+
+class MovieRecommender(nn.Module):
+    """Rating prediction from a user id, an item id and the item's genre ids (a variable-length
+    input, received as padded ids and lengths): embeddings, then a small MLP.
+
+    Example: ``MovieRecommender(671, 9066, 20)(user, item, genres_padded, genre_lengths)``.
+    """
+
+    def __init__(self, users: int, items: int, genres: int, dim: int = 16) -> None:
+        super().__init__()
+        self.user = nn.Embedding(users, dim)
+        self.item = nn.Embedding(items, dim)
+        self.genre = nn.Embedding(genres, dim)
+        self.head = nn.Sequential(nn.Linear(3 * dim, 32), nn.ReLU(), nn.Linear(32, 1))
+
+    def forward(self, user: torch.Tensor, item: torch.Tensor, genres: torch.Tensor,
+                genre_lengths: torch.Tensor) -> torch.Tensor:
+        h = torch.cat([self.user(user), self.item(item),
+                       _masked_mean(self.genre, genres, genre_lengths)], dim=1)
+        return self.head(h).squeeze(1) + 3.5      # ratings centre near 3.5
+
+
+class HistoryClassifier(nn.Module):
+    """Liked or not, from the candidate item and the user's recent items (a variable-length
+    sequence, received as padded ids and lengths): the mean history embedding next to the
+    item's, then a small MLP with two logits.
+
+    Example: ``HistoryClassifier(9066)(item, history_padded, history_lengths)``.
+    """
+
+    def __init__(self, items: int, dim: int = 16) -> None:
+        super().__init__()
+        self.item = nn.Embedding(items, dim)
+        self.seen = nn.Embedding(items, dim)
+        self.head = nn.Sequential(nn.Linear(2 * dim + 1, 32), nn.ReLU(), nn.Linear(32, 2))
+
+    def forward(self, item: torch.Tensor, history: torch.Tensor,
+                history_lengths: torch.Tensor) -> torch.Tensor:
+        empty = (history_lengths == 0).to(self.item.weight.dtype)[:, None]
+        h = torch.cat([self.item(item), _masked_mean(self.seen, history, history_lengths),
+                       empty], dim=1)
+        return self.head(h)
+
+
+def train_single_process(model: nn.Module, inputs: Sequence[Any], target: np.ndarray,
+                         loss: Any, lr: float, batch_size: int, epochs: int, seed: int,
+                         padding_value: float = 0.0) -> nn.Module:
+    """Plain PyTorch, one process: Adam, ``epochs`` passes in a seeded shuffled order, every
+    batch's variable-length inputs (:class:`sparkdl.data.ragged.Ragged`) padded to its longest
+    row and followed by their lengths, as sparkdl passes them. The reference the MovieLens
+    examples compare sparkdl against."""
+    from ..data.ragged import model_arguments
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    rng = np.random.default_rng(seed)
+    n = len(target)
+    model.train()
+    for _ in range(epochs):
+        order = rng.permutation(n)
+        for lo in range(0, n, batch_size):
+            idx = order[lo:lo + batch_size]
+            batch = [x.take(idx) if hasattr(x, "offsets") else x[idx] for x in inputs]
+            args = [torch.from_numpy(np.asarray(a)) for a in model_arguments(batch,
+                                                                             padding_value)]
+            optimizer.zero_grad()
+            loss(model(*args), torch.from_numpy(target[idx])).backward()
+            optimizer.step()
+    return model

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..data.ragged import model_arguments
 from ..errors import ModelCriterionMismatchError, TrainingDataError
 from ..executor.shard_store import ShardSummary
 from ..executor.step import as_model_input
@@ -128,24 +129,27 @@ def _check_tensor_output(output: torch.Tensor, target: torch.Tensor, criterion: 
 
 
 def dry_run(model: nn.Module, criterion: Any, spec: DataSpec, what: str,
-            metrics: Sequence[Any] = (), dtype: torch.dtype | None = None) -> None:
+            metrics: Sequence[Any] = (), dtype: torch.dtype | None = None,
+            arguments: Any = None) -> None:
     """Run a copy of the model, the criterion and the validation ``metrics`` on a few real
     samples (floating inputs in ``dtype``, the model's parameter dtype); explain any mismatch.
 
     The model may return anything the criterion accepts (a tensor, a tuple, a dict); the shape
     checks apply when it returns a tensor."""
     with private_torch_rng():            # a dropout layer must not draw from the caller's RNG
-        _dry_run(copy.deepcopy(model), criterion, spec, what, metrics, dtype)
+        _dry_run(copy.deepcopy(model), criterion, spec, what, metrics, dtype, arguments)
 
 
 def _dry_run(probe: nn.Module, criterion: Any, spec: DataSpec, what: str,
-             metrics: Sequence[Any], dtype: torch.dtype | None) -> None:
+             metrics: Sequence[Any], dtype: torch.dtype | None, arguments: Any) -> None:
 
-    def tensor(a: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(np.array(a))
+    def tensor(a: Any) -> torch.Tensor:
+        t = a if isinstance(a, torch.Tensor) else torch.from_numpy(np.array(a))
         return as_model_input(t, dtype) if dtype is not None else t
 
-    inputs = [tensor(f) for f in spec.sample_features]
+    args = (arguments(list(spec.sample_features)) if arguments is not None
+            else model_arguments(spec.sample_features))
+    inputs = [tensor(f) for f in args]
     target = tensor(spec.sample_labels)
     shapes = ", ".join(f"{tuple(x.shape)} {x.dtype}" for x in inputs)
     try:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -60,6 +60,7 @@ from .data_checks import DataSpec, dry_run, summarize
 from .progress import check_tensorboard
 from .run_context import RunContext, RunSettings
 from ..runners.interface import RunnerOptions
+from ..data.ragged import model_arguments
 from .summary import TrainingSummary
 from .training_loop import TrainingLoop, needs_closure
 from .validation import Validation
@@ -122,6 +123,26 @@ class DistriOptimizer:
         precision: ``"32"`` (default), ``"bf16-mixed"`` (autocast to bfloat16 in the tasks) or
             ``"16-mixed"`` (autocast to float16 with one global loss scale, decided on the
             driver by torch GradScaler's rules).
+        train_transform: optional augmentation ``(features, rng) -> features`` applied in the
+            tasks to every training batch (never to validation): ``features`` is the batch's
+            array (a list of arrays for a multi-input model), ``rng`` a numpy Generator seeded
+            by ``(seed, iteration, partition)``
+            (:func:`sparkdl.data.batch_plan.transform_generator`), so runs stay bitwise
+            reproducible. With ``micro_batch_size`` it is called per micro-batch, drawing from
+            the same generator in order.
+        sequence_inputs: positions of the inputs that are variable-length 1-d arrays (a user's
+            history, a title's tokens): stored as values plus offsets and padded per task batch
+            to its longest row with ``padding_value``; the model then receives, for each, the
+            padded tensor ``[batch, longest]`` followed by the lengths ``[batch]`` (int64)
+            (:mod:`sparkdl.data.ragged`).
+        padding_value: what pads the sequences (default 0).
+        collate: optional ``(inputs) -> model arguments`` replacing that rule: ``inputs`` holds
+            :class:`sparkdl.data.ragged.Ragged` for sequences and arrays otherwise.
+        sample_weights: every record's features end with the sample's weight (a tuple
+            ``(x, ..., weight)``): the loss is the weighted mean over the union batch,
+            ``sum(w_i * loss_i) / sum(w_i)`` (the criterion, a torch loss with
+            ``reduction='mean'``, is evaluated per sample). Validation metrics ignore the
+            weights.
 
     Example::
 
@@ -143,8 +164,37 @@ class DistriOptimizer:
                  micro_batch_size: int | None = None, shuffle: bool = True,
                  allreduce: str = "auto", num_blocks: int | None = None,
                  progress_bar: bool | None = None, compression: str | None = None,
-                 device: str = "auto", precision: str = "32") -> None:
+                 device: str = "auto", precision: str = "32",
+                 train_transform: Callable[[Any, Any], Any] | None = None,
+                 sequence_inputs: Sequence[int] = (), padding_value: float = 0.0,
+                 collate: Callable[[list[Any]], Sequence[Any]] | None = None,
+                 sample_weights: bool = False) -> None:
         self.model = check_type("model", _OWNER, model, nn.Module, "a torch.nn.Module")
+        if train_transform is not None and not callable(train_transform):
+            raise argument_error("train_transform", _OWNER,
+                                 "a function (features, numpy Generator) -> features",
+                                 train_transform)
+        self.train_transform = train_transform
+        self.sequence_inputs = tuple(check_int("sequence_inputs", _OWNER, k)
+                                     for k in sequence_inputs)
+        if any(k < 0 for k in self.sequence_inputs):
+            raise argument_error("sequence_inputs", _OWNER, "input positions >= 0",
+                                 list(sequence_inputs))
+        if isinstance(padding_value, bool) or not isinstance(padding_value, (int, float)):
+            raise argument_error("padding_value", _OWNER, "a number", padding_value)
+        self.padding_value = float(padding_value)
+        if collate is not None and not callable(collate):
+            raise argument_error("collate", _OWNER, "a function (list of inputs) -> model "
+                                 "arguments", collate)
+        self.collate = collate
+        check_type("sample_weights", _OWNER, sample_weights, bool, "a bool")
+        if sample_weights and not (isinstance(criterion, nn.Module) and
+                                   getattr(criterion, "reduction", None) == "mean"):
+            raise InvalidArgumentError(
+                f"sample_weights=True needs a torch loss module with reduction='mean' (its "
+                f"per-sample values are weighted); got {type(criterion).__name__}"
+                + (f" with reduction={criterion.reduction!r}"
+                   if hasattr(criterion, "reduction") else "") + ".")
         devices = sorted({str(t.device) for t in list(model.parameters()) + list(model.buffers())})
         if devices and devices != ["cpu"]:
             raise InvalidArgumentError(
@@ -177,7 +227,7 @@ class DistriOptimizer:
                 compression=check_choice("compression", _OWNER, compression, COMPRESSIONS),
                 device=check_choice("device", _OWNER, device, DEVICES),
                 precision=check_choice("precision", _OWNER, precision, PRECISIONS)),
-            progress_bar=progress_bar)
+            progress_bar=progress_bar, sample_weights=sample_weights)
         if precision == "16-mixed" and needs_closure(optimizer):
             raise InvalidArgumentError(
                 f"precision='16-mixed' cannot be used with {type(optimizer).__name__}, whose "
@@ -190,6 +240,11 @@ class DistriOptimizer:
         self.summary = TrainingSummary()
         self.iteration = 0
         self.data_spec: DataSpec | None = None
+
+    def _model_arguments(self, features: list[Any]) -> list[Any]:
+        if self.settings.sample_weights:        # the last input is the samples' weight
+            features = features[:-1]
+        return model_arguments(features, self.padding_value, self.collate)
 
     @property
     def batch_size(self) -> int:
@@ -346,15 +401,18 @@ class DistriOptimizer:
         dtype = self.layout.data_dtype.str
         ctx: RunContext | None = None
         try:
-            train = runner.load(self.training_rdd, "training", dtype)
+            train = runner.load(self.training_rdd, "training", dtype, self.sequence_inputs)
             self.data_spec = summarize(train.summaries, "training")
             param_dtype = self.layout.param_dtype
-            dry_run(self.model, self.criterion, self.data_spec, "training", dtype=param_dtype)
+            arguments = self._model_arguments
+            dry_run(self.model, self.criterion, self.data_spec, "training", dtype=param_dtype,
+                    arguments=arguments)
             if self._validation is not None:
-                self._validation.held = runner.load(self._validation.data, "validation", dtype)
+                self._validation.held = runner.load(self._validation.data, "validation", dtype,
+                                                    self.sequence_inputs)
                 dry_run(self.model, self.criterion,
                         summarize(self._validation.held.summaries, "validation"), "validation",
-                        self._validation.metrics, param_dtype)
+                        self._validation.metrics, param_dtype, arguments)
             plan = BatchPlan(self.data_spec.partition_sizes, self.batch_size, self.seed,
                              self.settings.shuffle)
             ctx = RunContext(self.settings, self.model, self.criterion, self.reduction,
@@ -364,7 +422,9 @@ class DistriOptimizer:
                              else None)
             if resumed is not None:
                 checkpoints.restore(ctx, resumed)  # type: ignore[union-attr]
-            how = runner.start(ReplicaSpec(self.model, self.criterion, self.reduction),
+            how = runner.start(ReplicaSpec(self.model, self.criterion, self.reduction,
+                                           self.train_transform, self.padding_value,
+                                           self.collate, self.settings.sample_weights),
                                self.layout, self.settings.runner_options, train)
             log.info("training on %d samples in %d partitions: global batch %d, %d iterations "
                      "per epoch, %s", plan.num_samples, plan.num_partitions, self.batch_size,

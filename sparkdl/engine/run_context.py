@@ -41,6 +41,7 @@ class RunSettings:
     runner_options: RunnerOptions = field(default_factory=RunnerOptions)
     progress_bar: bool | None = None
     tensorboard_dir: str | None = None
+    sample_weights: bool = False
 
     def reproducibility_key(self, plan: BatchPlan) -> dict[str, Any]:
         """What a resumed run must share with the checkpointed one to reproduce it bitwise."""

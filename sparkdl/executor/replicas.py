@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,10 @@ class ReplicaSpec:
     model: nn.Module
     criterion: Any
     reduction: str
+    train_transform: Any = None
+    padding_value: float = 0.0
+    collate: Any = None
+    sample_weights: bool = False
 
 
 class Replica:
@@ -47,6 +52,13 @@ class Replica:
         criterion = spec.criterion
         self.criterion = criterion.to(self.device) if isinstance(criterion, nn.Module) else criterion
         self.reduction = spec.reduction
+        self.train_transform = spec.train_transform
+        self.padding_value, self.collate = spec.padding_value, spec.collate
+        self.sample_weights = spec.sample_weights
+        self.per_sample_criterion = None
+        if spec.sample_weights:     # the same loss, one value per sample
+            self.per_sample_criterion = copy.copy(self.criterion)
+            self.per_sample_criterion.reduction = "none"
 
 
 def get_replica(run_key: str, spec_source: Any, device: str = "cpu") -> Replica:

@@ -42,6 +42,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..data.batch_plan import local_permutation
+from ..data.ragged import Ragged
 from ..data.records import convert_records
 from .worker_cache import WorkerCache
 
@@ -97,9 +98,11 @@ class Shard:
         assert self._perm is not None
         return self._perm
 
-    def take(self, indices: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
-        """Features and labels of the given local indices, as new in-memory arrays."""
-        return [np.asarray(f[indices]) for f in self.features], np.asarray(self.labels[indices])
+    def take(self, indices: np.ndarray) -> tuple[list[Any], np.ndarray]:
+        """Features and labels of the given local indices, as new in-memory arrays
+        (:class:`~sparkdl.data.ragged.Ragged` for variable-length inputs)."""
+        return ([f.take(indices) if isinstance(f, Ragged) else np.asarray(f[indices])
+                 for f in self.features], np.asarray(self.labels[indices]))
 
 
 def shard_root() -> str:
@@ -144,7 +147,12 @@ def _save_arrays(target: str, features: list[np.ndarray], labels: np.ndarray) ->
     tmp = os.path.join(parent, f".tmp-{uuid.uuid4().hex}")
     os.mkdir(tmp, 0o700)
     os.chmod(tmp, 0o700)
-    arrays = {f"x{k}.npy": f for k, f in enumerate(features)}
+    arrays: dict[str, np.ndarray] = {}
+    for k, f in enumerate(features):
+        if isinstance(f, Ragged):
+            arrays[f"x{k}.values.npy"], arrays[f"x{k}.offsets.npy"] = f.values, f.offsets
+        else:
+            arrays[f"x{k}.npy"] = f
     arrays["y.npy"] = labels
     for name, array in arrays.items():
         fd = os.open(os.path.join(tmp, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -156,11 +164,21 @@ def _save_arrays(target: str, features: list[np.ndarray], labels: np.ndarray) ->
 
 
 def _load_arrays(directory: str) -> Shard:
-    names = sorted((n for n in os.listdir(directory) if n.startswith("x")),
-                   key=lambda n: int(n[1:-4]))
-    feats = [np.load(os.path.join(directory, n), mmap_mode="r") for n in names]
-    labels = np.load(os.path.join(directory, "y.npy"), mmap_mode="r")
-    return Shard(feats, labels)
+    names = set(os.listdir(directory))
+    feats: list[Any] = []
+
+    def load(name: str) -> np.ndarray:
+        return np.load(os.path.join(directory, name), mmap_mode="r")
+
+    while True:
+        k = len(feats)
+        if f"x{k}.npy" in names:
+            feats.append(load(f"x{k}.npy"))
+        elif f"x{k}.values.npy" in names:
+            feats.append(Ragged(load(f"x{k}.values.npy"), np.array(load(f"x{k}.offsets.npy"))))
+        else:
+            break
+    return Shard(feats, load("y.npy"))
 
 
 def summarize_arrays(partition: int, features: list[np.ndarray], labels: np.ndarray
@@ -169,13 +187,17 @@ def summarize_arrays(partition: int, features: list[np.ndarray], labels: np.ndar
     samples, NaNs), without the arrays themselves."""
     summary = ShardSummary(partition=partition, count=int(labels.shape[0]))
     digest = hashlib.sha1()
-    for array in [*features, labels]:
+    flat: list[np.ndarray] = []
+    for f in [*features, labels]:
+        flat.extend([f.values, f.offsets] if isinstance(f, Ragged) else [f])
+    for array in flat:
         digest.update(f"{array.dtype.str}{array.shape}".encode())
         digest.update(np.ascontiguousarray(array).data)
     summary.content_hash = digest.hexdigest()
     if not summary.count:
         return summary
-    summary.feature_shapes = [tuple(f.shape[1:]) for f in features]
+    summary.feature_shapes = [(-1,) if isinstance(f, Ragged) else tuple(f.shape[1:])
+                              for f in features]
     summary.feature_dtypes = [f.dtype.str for f in features]
     summary.label_shape = tuple(labels.shape[1:])
     summary.label_dtype = labels.dtype.str
@@ -185,8 +207,12 @@ def summarize_arrays(partition: int, features: list[np.ndarray], labels: np.ndar
     if finite.size:
         summary.label_min = float(finite.min())
         summary.label_max = float(finite.max())
-    summary.feature_nan = any(f.dtype.kind == "f" and not np.isfinite(f).all() for f in features)
-    summary.sample_features = [np.array(f[:_SAMPLE_RECORDS]) for f in features]
+    summary.feature_nan = any(
+        f.dtype.kind == "f" and not np.isfinite(f.values if isinstance(f, Ragged) else f).all()
+        for f in features)
+    first = np.arange(min(_SAMPLE_RECORDS, summary.count))
+    summary.sample_features = [f.take(first) if isinstance(f, Ragged)
+                               else np.array(f[:_SAMPLE_RECORDS]) for f in features]
     summary.sample_labels = np.array(labels[:_SAMPLE_RECORDS])
     return summary
 
@@ -195,7 +221,8 @@ SHARD_PLACES = ("disk", "memory")
 
 
 def build_shard(data_key: str, partition: int, records: Iterable[Any],
-                float_dtype: str, place: str = "disk") -> ShardSummary:
+                float_dtype: str, place: str = "disk", ragged: tuple[int, ...] = ()
+                ) -> ShardSummary:
     """Convert one partition into arrays, keep them where this task runs (``place``: "disk" or
     "memory", see the module docstring), and summarise them.
 
@@ -204,7 +231,7 @@ def build_shard(data_key: str, partition: int, records: Iterable[Any],
     """
     records = iter(records)
     try:
-        feats, labels = convert_records(partition, records, np.dtype(float_dtype))
+        feats, labels = convert_records(partition, records, np.dtype(float_dtype), ragged)
     except (TypeError, ValueError) as exc:
         for _ in records:  # drain the input so that this Python worker can be reused
             pass

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
-from ..data.batch_plan import task_seed
+from ..data.batch_plan import task_seed, transform_generator
+from ..data.ragged import model_arguments
 from ..errors import SparkdlError
 from ..metrics import ValidationMetric
 from .process_memory import current_rss_bytes
@@ -70,6 +71,7 @@ class TaskReport:
     grad_present: np.ndarray | None = None   # per trainable parameter: 1 if it got a gradient
     buffers: dict[int, bytes] = field(default_factory=dict)   # raw bytes of changed buffers
     device: str = "cpu"        # where it computed, and why
+    weight_sum: float = 0.0    # with sample weights: the sum of this task's weights
 
 
 def set_task_threads() -> None:
@@ -97,14 +99,19 @@ def as_model_input(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t
 
 
-def _to_tensors(features: Sequence[np.ndarray], labels: np.ndarray, dtype: torch.dtype,
-                device: torch.device) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Tensors of a batch on ``device``, as the model takes them (:func:`as_model_input`)."""
-    def tensor(a: np.ndarray) -> torch.Tensor:
-        t = as_model_input(torch.from_numpy(a), dtype)
+def _to_tensors(features: Sequence[Any], labels: np.ndarray, dtype: torch.dtype,
+                device: torch.device, replica: Any = None
+                ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Tensors of a batch on ``device``, as the model takes them (:func:`as_model_input`;
+    sequences padded, or the replica's ``collate``: :func:`sparkdl.data.ragged.model_arguments`)."""
+    def tensor(a: Any) -> torch.Tensor:
+        t = a if isinstance(a, torch.Tensor) else torch.from_numpy(np.asarray(a))
+        t = as_model_input(t, dtype)
         return t.to(device, non_blocking=True) if device.type != "cpu" else t
 
-    return [tensor(f) for f in features], tensor(labels)
+    args = model_arguments(features, getattr(replica, "padding_value", 0.0),
+                           getattr(replica, "collate", None))
+    return [tensor(f) for f in args], tensor(labels)
 
 
 def _check_layout(step: StepSpec, replica: Replica) -> None:
@@ -114,6 +121,21 @@ def _check_layout(step: StepSpec, replica: Replica) -> None:
             f"{replica.layout.fingerprint}) from the driver's model ({step.layout_fingerprint}): "
             "its parameters, buffers, dtypes or requires_grad flags differ. Do not change the "
             "model while it trains.")
+
+
+def apply_transform(transform: Callable[..., Any], features: list[np.ndarray],
+                    rng: np.random.Generator) -> list[np.ndarray]:
+    """``transform(batch, rng)`` on a task's training batch: the array itself for a one-input
+    model, the list of arrays (one per input) otherwise; the result must keep the number of
+    rows."""
+    single = len(features) == 1
+    out = transform(features[0] if single else list(features), rng)
+    out = [out] if single else list(out)
+    if len(out) != len(features) or any(len(o) != len(f) for o, f in zip(out, features)):
+        raise ValueError("train_transform must return "
+                         + ("an array" if single else f"a list of {len(features)} arrays")
+                         + f" with {len(features[0])} rows, the batch it was given")
+    return [np.asarray(o) for o in out]
 
 
 def _chunks(indices: np.ndarray, size: int | None) -> list[np.ndarray]:
@@ -151,8 +173,28 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
     indices = shard.permutation(step.seed, step.epoch, partition, step.shuffle)[start:start + count]
     mean = replica.reduction == "mean"
     loss_sum = 0.0
+    augment = replica.train_transform
+    rng = (transform_generator(step.seed, step.iteration, partition) if augment is not None
+           else None)
     for chunk in _chunks(indices, step.micro_batch_size):
-        inputs, target = _to_tensors(*shard.take(chunk), layout.param_dtype, replica.device)
+        features, labels = shard.take(chunk)
+        if replica.sample_weights:
+            features, sample_weights = features[:-1], features[-1]
+        if augment is not None:
+            features = apply_transform(augment, features, rng)
+        inputs, target = _to_tensors(features, labels, layout.param_dtype, replica.device,
+                                     replica)
+        if replica.sample_weights:
+            # sum of w_i * loss_i; the driver divides the summed vector by the union's sum of w
+            with autocast(step.precision, replica.device):
+                per_sample = replica.per_sample_criterion(model(*inputs), target)
+            per_sample = per_sample.reshape(per_sample.shape[0], -1).mean(1)
+            loss = (per_sample * torch.from_numpy(np.asarray(sample_weights)).to(
+                per_sample.device, per_sample.dtype)).sum()
+            (loss * step.loss_scale).backward()
+            loss_sum += float(loss.detach())
+            report.weight_sum += float(np.sum(sample_weights, dtype=np.float64))
+            continue
         with autocast(step.precision, replica.device):
             loss = replica.criterion(model(*inputs), target)
         weight = len(chunk) / step.batch_size if mean else 1.0
@@ -180,8 +222,11 @@ def compute_metric_sums(shard: Shard | None, replica: Replica, weights: np.ndarr
     with torch.no_grad():
         for lo in range(0, shard.count, batch_size):
             idx = np.arange(lo, min(lo + batch_size, shard.count))
-            inputs, target = _to_tensors(*shard.take(idx), replica.layout.param_dtype,
-                                         replica.device)
+            features, labels = shard.take(idx)
+            if replica.sample_weights:      # validation metrics are unweighted
+                features = features[:-1]
+            inputs, target = _to_tensors(features, labels, replica.layout.param_dtype,
+                                         replica.device, replica)
             with autocast(precision, replica.device):
                 output = model(*inputs)
             for m, metric in enumerate(metrics):

@@ -124,9 +124,11 @@ class ShardBuildTask:
     data_key: str
     float_dtype: str
     place: str = "disk"
+    ragged: tuple[int, ...] = ()
 
     def __call__(self, partition: int, records: Iterator[Any]) -> Iterator[ShardSummary]:
-        yield build_shard(self.data_key, partition, records, self.float_dtype, self.place)
+        yield build_shard(self.data_key, partition, records, self.float_dtype, self.place,
+                          self.ragged)
 
 
 @dataclass

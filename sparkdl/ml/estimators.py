@@ -28,13 +28,13 @@ from pyspark.ml.util import MLReadable, MLWritable
 from pyspark.sql import DataFrame
 from torch import nn
 
-from ..data.dataframe_arrays import feature_expression, feature_source, to_blocks
+from ..data.dataframe_arrays import (check_label_column, check_weight_column, feature_sources,
+                                     input_expressions, numpy_float_dtype, to_blocks)
 from ..engine.distri_optimizer import DistriOptimizer
 from ..engine.rng_isolation import private_torch_rng
 from ..executor.step import as_model_input
 from ..errors import InvalidArgumentError, ModelCriterionMismatchError, TrainingDataError
-from ..metrics import Loss, Top1Accuracy
-from ..triggers import EveryEpoch, MaxEpoch
+from .engine_settings import configure_engine, end_trigger
 from .inference import predict_column
 from .params import NNClassifierParams, NNParams, validate_params
 from .persistence import NNModelReader, NNModelWriter, NNStageReader, NNStageWriter
@@ -77,9 +77,12 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
 
     @keyword_only
     def __init__(self, *, model: ModelSpec | None = None, criterion: Any = None,
-                 preprocess: Any = None, optimizerFactory: Any = None, **params: Any) -> None:
+                 preprocess: Any = None, optimizerFactory: Any = None, augment: Any = None,
+                 lrScheduler: Any = None, initialModel: Any = None, collate: Any = None,
+                 **params: Any) -> None:
         super().__init__()
-        self._set_objects(model, criterion, preprocess, optimizerFactory)
+        self._set_objects(model, criterion, preprocess, optimizerFactory, augment, lrScheduler,
+                          initialModel, collate)
         unknown = sorted(set(params) - {p.name for p in self.params})
         if unknown:
             raise InvalidArgumentError(
@@ -88,19 +91,23 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
         self._set(**params)
 
     def _set_objects(self, model: ModelSpec | None, criterion: Any, preprocess: Any,
-                     optimizer_factory: Any) -> None:
+                     optimizer_factory: Any, augment: Any = None, lr_scheduler: Any = None,
+                     initial_model: Any = None, collate: Any = None) -> None:
         owner = type(self).__name__
         if model is not None and not isinstance(model, nn.Module) and not callable(model):
             raise InvalidArgumentError(f"The 'model' argument of {owner} must be a "
                                        "torch.nn.Module or a zero-argument factory returning one. "
                                        f"Got {type(model).__name__} instead.")
         for name, value in (("criterion", criterion), ("preprocess", preprocess),
-                            ("optimizerFactory", optimizer_factory)):
+                            ("optimizerFactory", optimizer_factory), ("augment", augment),
+                            ("lrScheduler", lr_scheduler), ("collate", collate)):
             if value is not None and not callable(value):
                 raise InvalidArgumentError(f"The '{name}' argument of {owner} must be callable. "
                                            f"Got {type(value).__name__} instead.")
         self.model_spec, self.criterion = model, criterion
         self.preprocess, self.optimizer_factory = preprocess, optimizer_factory
+        self.augment, self.lr_scheduler, self.collate = augment, lr_scheduler, collate
+        self.initial_weights = _initial_weights(owner, initial_model)
 
     def _fresh_model(self) -> nn.Module:
         spec = self.model_spec
@@ -119,17 +126,25 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
             raise InvalidArgumentError(f"{type(self).__name__} has no criterion: pass "
                                        "criterion=torch.nn.CrossEntropyLoss() or another loss.")
         get = self.getOrDefault
-        source = feature_source(dataset.schema, get("featuresCol"), get("featuresCols"))
+        sources = _input_sources(self, dataset)
         label_col = get("labelCol")
-        if label_col not in dataset.columns:
-            raise InvalidArgumentError(f"Column '{label_col}' (labelCol) does not exist; the "
-                                       f"DataFrame has columns {dataset.columns}.")
+        check_label_column(dataset.schema, label_col)
+        weight_col = get("weightCol")
+        if weight_col:
+            check_weight_column(dataset.schema, weight_col)
         indicator = get("validationIndicatorCol")
         if indicator and indicator not in dataset.columns:
             raise InvalidArgumentError(f"Column '{indicator}' (validationIndicatorCol) does not "
                                        f"exist; the DataFrame has columns {dataset.columns}.")
         with private_torch_rng(get("seed")):   # the same initial weights on any thread
             model = self._fresh_model()
+        if self.initial_weights is not None:
+            try:
+                model.load_state_dict(self.initial_weights)
+            except RuntimeError as exc:
+                raise InvalidArgumentError(
+                    f"The initialModel of {type(self).__name__} does not fit its model: "
+                    f"{str(exc).splitlines()[0]} ...") from exc
         sc = dataset.sparkSession.sparkContext
         workers = get("numTrainWorkers") or sc.defaultParallelism
         shape = get("featureShape")
@@ -139,29 +154,35 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
 
             train_df = dataset.filter(~F.col(indicator))
             val_df = dataset.filter(F.col(indicator))
-        train_rdd = to_blocks(train_df, source, label_col, self._classifier, shape,
-                              self.preprocess, workers)
+        float_dtype = numpy_float_dtype(model)
+        train_rdd = to_blocks(train_df, sources, label_col, self._classifier, shape,
+                              self.preprocess, workers, float_dtype, weight_col)
         params = model.parameters()
         optimizer = (self.optimizer_factory(params) if self.optimizer_factory else
                      _torch_optimizer(get("optimizer"), params, get("learningRate"),
                                       get("momentum"), get("weightDecay")))
+        scheduler = self.lr_scheduler(optimizer) if self.lr_scheduler is not None else None
         engine = DistriOptimizer(model, train_rdd, self.criterion, optimizer,
-                                 batch_size=get("batchSize"), end_trigger=MaxEpoch(get("maxEpoch")),
+                                 batch_size=get("batchSize"), end_trigger=end_trigger(self),
+                                 lr_scheduler=scheduler,
                                  seed=get("seed"), micro_batch_size=get("microBatchSize") or None,
                                  progress_bar=None if get("progressBar") else False,
-                                 device=get("device"), precision=get("precision"))
+                                 device=get("device"), precision=get("precision"),
+                                 train_transform=self.augment,
+                                 padding_value=get("paddingValue"), collate=self.collate,
+                                 sample_weights=bool(weight_col))
         if get("tensorboardDir"):
             engine.set_tensorboard(get("tensorboardDir"))
-        if val_df is not None:
-            metrics = [Loss(), Top1Accuracy()] if self._classifier else [Loss()]
-            engine.set_validation(to_blocks(val_df, source, label_col, self._classifier, shape,
-                                            self.preprocess, workers), EveryEpoch(), metrics)
+        configure_engine(self, engine, None if val_df is None else to_blocks(
+            val_df, sources, label_col, self._classifier, shape, self.preprocess, workers,
+            float_dtype, weight_col))
         try:
             trained = engine.optimize()
         except (TrainingDataError, ModelCriterionMismatchError) as exc:
-            raise type(exc)(f"{exc} (features: column '{source.name}', labels: column "
-                            f"'{label_col}')") from exc
-        fitted = self._model_class()(trained, self.preprocess)
+            names = ", ".join(f"'{s.name}'" for s in sources)
+            raise type(exc)(f"{exc} (features: column{'s' if len(sources) > 1 else ''} {names}, "
+                            f"labels: column '{label_col}')") from exc
+        fitted = self._model_class()(trained, self.preprocess, self.collate)
         fitted.output_size = _output_size(trained, engine)
         fitted._resetUid(self.uid)
         self._copyValues(fitted)
@@ -179,14 +200,36 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
         return NNStageReader(cls)
 
 
+def _initial_weights(owner: str, initial: Any) -> dict[str, torch.Tensor] | None:
+    """A copy of the weights to start from: ``initialModel`` is a fitted model (anything with a
+    ``state_dict()``, e.g. an :class:`NNModel`) or a state dict."""
+    if initial is None:
+        return None
+    state = initial.state_dict() if hasattr(initial, "state_dict") else initial
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor)
+                                              for v in state.values()):
+        raise InvalidArgumentError(f"The 'initialModel' argument of {owner} must be a fitted "
+                                   "model (NNModel, NNClassifierModel, a torch.nn.Module) or a "
+                                   f"state dict. Got {type(initial).__name__} instead.")
+    return {k: v.detach().clone() for k, v in state.items()}
+
+
+def _input_sources(stage: Any, dataset: DataFrame) -> list[Any]:
+    """The model's inputs for ``stage``'s column Params, checked against ``dataset``'s schema."""
+    get = stage.getOrDefault
+    return feature_sources(dataset.schema, get("featuresCol"), get("featuresCols"),
+                           get("inputCols"), get("sequenceCols"))
+
+
 def _output_size(model: nn.Module, engine: DistriOptimizer) -> int:
     """Values per row of the model's output, from a few training samples."""
     was_training = model.training
     model.eval()
     dtype = engine.layout.param_dtype
     with torch.no_grad():
-        out = model(*[as_model_input(torch.from_numpy(np.array(f)), dtype)
-                      for f in engine.data_spec.sample_features])
+        args = engine._model_arguments(list(engine.data_spec.sample_features))
+        out = model(*[as_model_input(a if isinstance(a, torch.Tensor)
+                                     else torch.from_numpy(np.array(a)), dtype) for a in args])
     model.train(was_training)
     return int(np.prod(out.shape[1:]))
 
@@ -212,10 +255,12 @@ class _NNModelBase(Model, MLWritable, MLReadable):
 
     _classifier = False
 
-    def __init__(self, module: nn.Module | None = None, preprocess: Any = None) -> None:
+    def __init__(self, module: nn.Module | None = None, preprocess: Any = None,
+                 collate: Any = None) -> None:
         super().__init__()
         self.module = module
         self.preprocess = preprocess
+        self.collate = collate
         self.summary_frame: Any = None
         self.output_size = 0
 
@@ -254,14 +299,16 @@ class _NNModelBase(Model, MLWritable, MLReadable):
         from pyspark.sql import functions as F
 
         get = self.getOrDefault
-        source = feature_source(dataset.schema, get("featuresCol"), get("featuresCols"))
+        sources = _input_sources(self, dataset)
         assert self.module is not None
         single = self._single_output()
-        udf = predict_column(self.module, source, get("featureShape"), self.preprocess,
+        udf = predict_column(self.module, sources, get("featureShape"), self.preprocess,
                              get("inferenceBatchSize"), self._classifier, single,
-                             get("device"), get("precision"))
+                             get("device"), get("precision"), int(self.output_size or 1),
+                             get("paddingValue"), self.collate)
+        float_type = "double" if numpy_float_dtype(self.module) == np.float64 else "float"
         tmp = "_sparkdl_output"
-        out = dataset.withColumn(tmp, udf(feature_expression(source)))
+        out = dataset.withColumn(tmp, udf(*input_expressions(sources, float_type)))
         if self._classifier:
             for param, field, as_vector in (("rawPredictionCol", "raw", True),
                                             ("probabilityCol", "probability", True),
@@ -286,18 +333,18 @@ class _NNModelBase(Model, MLWritable, MLReadable):
 
     @classmethod
     def load(cls, path: str, model: Callable[[], nn.Module] | None = None,
-             preprocess: Any = None) -> Any:
+             preprocess: Any = None, collate: Any = None) -> Any:
         """Load a model saved with ``write().save(path)``.
 
         Without ``model`` the saved architecture (``module.pkl``) is unpickled: like any pickle
         it can run code, so only load models you trust. With ``model``, a zero-argument factory
         building the same architecture, nothing is unpickled: only the weights
         (``weights.pt``, ``torch.load(weights_only=True)``) and the JSON metadata are read, and
-        ``preprocess`` is the one given here.
+        ``preprocess`` and ``collate`` are the ones given here.
 
         Example: ``NNClassifierModel.load(path, model=lambda: MyNet(hidden=64))``.
         """
-        return NNModelReader(cls, model, preprocess).load(path)
+        return NNModelReader(cls, model, preprocess, collate).load(path)
 
 
 class NNEstimator(_NNEstimatorBase, NNParams):
@@ -308,9 +355,21 @@ class NNEstimator(_NNEstimatorBase, NNParams):
         criterion: the loss, e.g. ``torch.nn.MSELoss()``.
         preprocess: optional function applied to each batch of features (numpy) on the executors.
         optimizerFactory: optional ``params -> torch.optim.Optimizer``; overrides ``optimizer``.
-        **params: any Param: featuresCol, featuresCols, labelCol, predictionCol, featureShape,
-            batchSize, maxEpoch, learningRate, optimizer, momentum, weightDecay, seed,
-            numTrainWorkers, validationIndicatorCol, microBatchSize, inferenceBatchSize.
+        augment: optional ``(features, rng) -> features`` run in the tasks on every training
+            batch (after ``preprocess``; the list of arrays with ``inputCols``), ``rng`` a numpy
+            Generator seeded by (seed, iteration, partition): bitwise reproducible, never
+            applied to validation rows or in ``transform``.
+        lrScheduler: optional ``optimizer -> torch LR scheduler``, stepped after every epoch.
+        initialModel: optional warm start: a fitted model (or a state dict) whose weights the
+            new model starts from instead of its own initialisation.
+        collate: optional ``(inputs) -> model arguments`` for batches with ``sequenceCols``
+            (instead of padded tensor + lengths; see :mod:`sparkdl.data.ragged`); also used by
+            the fitted model's ``transform``.
+        **params: any Param: featuresCol, featuresCols, inputCols, labelCol, predictionCol,
+            featureShape, batchSize, maxEpoch, learningRate, optimizer, momentum, weightDecay,
+            seed, numTrainWorkers, validationIndicatorCol, microBatchSize, inferenceBatchSize,
+            checkpointDir, gradientClipNorm, earlyStoppingPatience, restoreBest,
+            validationMetrics, device, precision, tensorboardDir, progressBar.
 
     Example::
 

@@ -8,13 +8,14 @@ rows cut from Spark's Arrow batches.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from ..data.dataframe_arrays import FeatureSource, arrow_features
+from ..data.dataframe_arrays import FeatureSource, arrow_inputs, numpy_float_dtype
+from ..data.ragged import Ragged, model_arguments
 from ..executor.devices import task_device
 from ..executor.step import as_model_input, autocast, set_task_threads
 from ..executor.worker_cache import WorkerCache
@@ -40,17 +41,26 @@ def _cached_model(key: str, payload: bytes, device: str) -> torch.nn.Module:
                                  lambda: _unpickled_for_inference(payload).to(device))
 
 
-def _outputs(model: torch.nn.Module, x: np.ndarray, batch_size: int, device: torch.device,
-             precision: str) -> np.ndarray:
+def _outputs(model: torch.nn.Module, xs: Sequence[Any], batch_size: int,
+             device: torch.device, precision: str, width: int,
+             padding_value: float = 0.0, collate: Any = None) -> np.ndarray:
+    """The model's outputs on the rows of ``xs`` (one array per input), ``width`` values per
+    row (used for an empty batch, which the model is not called on)."""
     set_task_threads()
-    dtype = next(model.parameters()).dtype
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     chunks = []
+    rows = len(xs[0]) if xs else 0
     with torch.no_grad(), autocast(precision, device):
-        for lo in range(0, len(x), batch_size):
-            batch = as_model_input(torch.from_numpy(np.array(x[lo:lo + batch_size])), dtype)
-            out = model(batch.to(device))
+        for lo in range(0, rows, batch_size):
+            rows_here = np.arange(lo, min(lo + batch_size, rows))
+            features = [x.take(rows_here) if isinstance(x, Ragged) else np.array(x[rows_here])
+                        for x in xs]
+            batch = [as_model_input(a if isinstance(a, torch.Tensor) else torch.from_numpy(a),
+                                    dtype).to(device)
+                     for a in model_arguments(features, padding_value, collate)]
+            out = model(*batch)
             chunks.append(out.double().reshape(out.shape[0], -1).cpu().numpy())
-    return np.concatenate(chunks) if chunks else np.zeros((0, 0))
+    return np.concatenate(chunks) if chunks else np.zeros((0, width))
 
 
 def _list_array(m: np.ndarray) -> pa.Array:
@@ -60,13 +70,17 @@ def _list_array(m: np.ndarray) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(m.reshape(-1)))
 
 
-def predict_column(model: torch.nn.Module, source: FeatureSource, feature_shape: Sequence[int],
+def predict_column(model: torch.nn.Module, sources: Sequence[FeatureSource],
+                   feature_shape: Sequence[int],
                    preprocess: Callable[[np.ndarray], np.ndarray] | None, batch_size: int,
                    classifier: bool, single_output: bool, device: str = "auto",
-                   precision: str = "32") -> Any:
-    """An Arrow UDF mapping the feature column to the model's outputs.
+                   precision: str = "32", width: int = 1, padding_value: float = 0.0,
+                   collate: Any = None) -> Any:
+    """An Arrow UDF mapping the input columns (``input_expressions(sources)``) to the model's
+    outputs (``width`` values per row).
 
-    Classifier: ``struct<raw: array<double>, probability: array<double>, prediction: double>``.
+    Classifier: ``struct<raw: array<double>, probability: array<double>, prediction: double>``;
+    one output per row is a logit (probability ``sigmoid``), several are softmaxed.
     Otherwise: ``double`` when the model has one output per row, else ``array<double>``.
     """
     from pyspark import cloudpickle
@@ -75,17 +89,21 @@ def predict_column(model: torch.nn.Module, source: FeatureSource, feature_shape:
     payload = cloudpickle.dumps(model)
     key = hashlib.sha1(payload).hexdigest()
     shape = list(feature_shape)
+    sources = list(sources)
+    float_dtype = numpy_float_dtype(model)
     if classifier:
         return_type = "struct<raw: array<double>, probability: array<double>, prediction: double>"
     else:
         return_type = "double" if single_output else "array<double>"
 
-    def predict(batches: Iterator[pa.Array]) -> Iterator[pa.Array]:
+    def predict(batches: Iterator[Tuple[pa.Array, ...]]) -> Iterator[pa.Array]:
         target = task_device(device).device
         net = _cached_model(key, payload, target)
-        for column in batches:
-            out = _outputs(net, arrow_features(column, source, shape, preprocess), batch_size,
-                           torch.device(target), precision)
+        for columns in batches:
+            columns = columns if isinstance(columns, tuple) else (columns,)
+            xs = arrow_inputs(columns, sources, shape, preprocess, float_dtype)
+            out = _outputs(net, xs, batch_size, torch.device(target), precision, width,
+                           padding_value, collate)
             if classifier:
                 if out.shape[1] == 1:  # one logit: binary classification
                     p1 = 1.0 / (1.0 + np.exp(-out[:, 0]))
@@ -93,14 +111,15 @@ def predict_column(model: torch.nn.Module, source: FeatureSource, feature_shape:
                     raw = np.stack([-out[:, 0], out[:, 0]], axis=1)
                 else:
                     raw = out
-                    shifted = np.exp(out - out.max(axis=1, keepdims=True))
+                    shifted = np.exp(out - out.max(axis=1, keepdims=True, initial=-np.inf))
                     prob = shifted / shifted.sum(axis=1, keepdims=True)
+                prediction = (prob.argmax(axis=1) if len(prob) else np.zeros(0))
                 yield pa.StructArray.from_arrays(
                     [_list_array(raw), _list_array(prob),
-                     pa.array(prob.argmax(axis=1).astype(np.float64))],
+                     pa.array(prediction.astype(np.float64), pa.float64())],
                     names=["raw", "probability", "prediction"])
             elif single_output:
-                yield pa.array(out[:, 0])
+                yield pa.array(out[:, 0], pa.float64())
             else:
                 yield _list_array(out)
 

@@ -16,8 +16,10 @@ from pyspark.ml.param.shared import (HasBatchSize, HasFeaturesCol, HasLabelCol, 
                                      HasValidationIndicatorCol)
 
 from ..argument_checks import argument_error
+from ..errors import InvalidArgumentError
 from ..engine.loss_scaling import PRECISIONS
 from ..executor.devices import DEVICES
+from .engine_settings import METRIC_NAMES
 
 __all__ = ["NNParams", "NNClassifierParams", "OPTIMIZERS", "validate_params"]
 
@@ -27,6 +29,10 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
 _OWN_PARAMS: dict[str, tuple[Any, str]] = {
     "featuresCols": (TypeConverters.toListString,
                      "numeric feature columns, used instead of featuresCol when non-empty"),
+    "inputCols": (TypeConverters.toListString,
+                  "one column per model input, in order: model(*inputs); each a Vector, a "
+                  "numeric array, a numeric scalar or an image column (integer columns reach "
+                  "the model as int64); instead of featuresCol/featuresCols"),
     "featureShape": (TypeConverters.toListInt,
                      "shape of one sample's features (e.g. [1, 28, 28]); flat features are "
                      "reshaped to it"),
@@ -48,6 +54,29 @@ _OWN_PARAMS: dict[str, tuple[Any, str]] = {
     "tensorboardDir": (TypeConverters.toString,
                        "also write training and validation scalars for TensorBoard here "
                        "(\"\": off)"),
+    "checkpointDir": (TypeConverters.toString,
+                      "write the whole training state here after every epoch and resume from "
+                      "the newest checkpoint found there (any Hadoop path; \"\": off)"),
+    "gradientClipNorm": (TypeConverters.toFloat,
+                         "clip the union batch's gradient to this total L2 norm before every "
+                         "step (0: off)"),
+    "earlyStoppingPatience": (TypeConverters.toInt,
+                              "stop when the validation loss has not improved for this many "
+                              "epochs in a row (needs validationIndicatorCol; 0: off)"),
+    "restoreBest": (TypeConverters.toBoolean,
+                    "with early stopping, end with the weights of the best validation epoch"),
+    "sequenceCols": (TypeConverters.toListString,
+                     "input columns (array<numeric>) whose rows vary in length: kept as values "
+                     "plus offsets, padded per batch to its longest row with paddingValue; the "
+                     "model receives the padded tensor [batch, longest] followed by the lengths "
+                     "[batch] (int64) for each"),
+    "paddingValue": (TypeConverters.toFloat, "what pads the sequenceCols in a batch"),
+    "weightCol": (TypeConverters.toString,
+                  "per-row sample weights (numeric, >= 0): the loss is the weighted mean over "
+                  "each union batch; validation metrics stay unweighted (\"\": off)"),
+    "validationMetrics": (TypeConverters.toListString,
+                          "metrics computed on the validation rows every epoch: any of "
+                          "'loss', 'accuracy', 'mae' ([]: loss, plus accuracy for classifiers)"),
 }
 """sparkdl's own Params (name: converter, doc); the rest come from pyspark's shared mixins."""
 
@@ -59,11 +88,14 @@ class NNParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasBatchSize, HasL
     def __init__(self) -> None:
         super().__init__()
         self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction",
-                         featuresCols=[], featureShape=[], batchSize=128, maxEpoch=10,
+                         featuresCols=[], inputCols=[], featureShape=[], batchSize=128, maxEpoch=10,
                          learningRate=1e-3, optimizer="adam", momentum=0.0, weightDecay=0.0,
                          seed=0, numTrainWorkers=0, validationIndicatorCol="",
                          microBatchSize=0, inferenceBatchSize=1024, progressBar=True,
-                         tensorboardDir="", device="auto", precision="32")
+                         tensorboardDir="", device="auto", precision="32",
+                         checkpointDir="", gradientClipNorm=0.0, earlyStoppingPatience=0,
+                         restoreBest=True, validationMetrics=[], sequenceCols=[],
+                         paddingValue=0.0, weightCol="")
 
     def setParams(self, **params: Any) -> "NNParams":
         """Set any Params by name, e.g. ``setParams(batchSize=64, maxEpoch=3)``."""
@@ -133,11 +165,44 @@ def validate_params(stage: Params) -> None:
         raise _error("optimizer", owner, f"one of {list(OPTIMIZERS)}", get("optimizer"))
     if any(d <= 0 for d in get("featureShape")):
         raise _error("featureShape", owner, "a list of positive ints", get("featureShape"))
-    if not get("featuresCols") and not get("featuresCol"):
-        raise _error("featuresCol", owner, "a column name (or set featuresCols)",
+    if not get("featuresCols") and not get("featuresCol") and not get("inputCols"):
+        raise _error("featuresCol", owner, "a column name (or set featuresCols or inputCols)",
                      get("featuresCol"))
+    if get("inputCols"):
+        clash = [p for p in ("featuresCol", "featuresCols") if stage.isSet(p)]
+        if clash:
+            raise InvalidArgumentError(
+                f"{owner} has both inputCols and {clash[0]} set; inputCols (one column per "
+                f"model input) replaces {clash[0]}: clear {clash[0]} with "
+                f"clear(stage.{clash[0]}) or leave inputCols empty.")
+        if len(set(get("inputCols"))) != len(get("inputCols")) or not all(get("inputCols")):
+            raise _error("inputCols", owner, "a list of distinct column names",
+                         get("inputCols"))
+        if get("featureShape"):
+            raise _error("featureShape", owner, "empty with inputCols (each input keeps its "
+                         "column's shape; reshape inside the model)", get("featureShape"))
     if not get("labelCol"):
         raise _error("labelCol", owner, "a column name", get("labelCol"))
+    if get("gradientClipNorm") < 0:
+        raise _error("gradientClipNorm", owner, "a float >= 0 (0: off)", get("gradientClipNorm"))
+    if get("earlyStoppingPatience") < 0:
+        raise _error("earlyStoppingPatience", owner, "an int >= 0 (0: off)",
+                     get("earlyStoppingPatience"))
+    if get("sequenceCols") and get("featureShape"):
+        raise _error("featureShape", owner, "empty with sequenceCols (a sequence has no fixed "
+                     "shape)", get("featureShape"))
+    if len(set(get("sequenceCols"))) != len(get("sequenceCols")) or \
+            not all(get("sequenceCols")):
+        raise _error("sequenceCols", owner, "a list of distinct column names",
+                     get("sequenceCols"))
+    metrics = get("validationMetrics")
+    if any(m not in METRIC_NAMES for m in metrics) or len(set(metrics)) != len(metrics):
+        raise _error("validationMetrics", owner,
+                     f"a list of distinct names among {list(METRIC_NAMES)}", metrics)
+    if get("earlyStoppingPatience") and stage.hasParam("validationIndicatorCol") and \
+            not get("validationIndicatorCol"):
+        raise _error("earlyStoppingPatience", owner, "0 unless validationIndicatorCol names "
+                     "the validation rows it watches", get("earlyStoppingPatience"))
     for name, choices in (("device", DEVICES), ("precision", PRECISIONS)):
         if get(name) not in choices:
             raise _error(name, owner, " or ".join(repr(c) for c in choices), get(name))

@@ -1,7 +1,7 @@
 """Saving and loading the DataFrame stages (MLWritable / MLReadable), Pipelines included.
 
 An estimator saves its Params as Spark's JSON metadata plus ``objects.pkl`` (the model or
-factory, criterion, preprocessing function and optimizer factory, cloudpickled). A fitted model
+factory, criterion, preprocessing function, optimizer factory and augmentation, cloudpickled). A fitted model
 saves its Params, ``weights.pt`` (a plain ``torch.save`` of the state_dict, loadable without
 Spark: ``torch.load(path + "/weights.pt", weights_only=True)``), ``module.pkl`` (the
 architecture) and its per-epoch summary. Loading checks that the saved class is the one asked for.
@@ -69,7 +69,10 @@ class NNStageWriter(_StageWriter):
         DefaultParamsWriter.saveMetadata(self.instance, path, self.sc)
         objects = {"model": self.instance.model_spec, "criterion": self.instance.criterion,
                    "preprocess": self.instance.preprocess,
-                   "optimizer_factory": self.instance.optimizer_factory}
+                   "optimizer_factory": self.instance.optimizer_factory,
+                   "augment": self.instance.augment,
+                   "lr_scheduler": self.instance.lr_scheduler,
+                   "initial_weights": self.instance.initial_weights}
         write_bytes(self.sc, path, cloudpickle.dumps(objects), "objects.pkl")
 
 
@@ -83,7 +86,8 @@ class NNStageReader(_StageReader):
         instance._resetUid(metadata["uid"])
         objects = pickle.loads(read_bytes(self.sc, path, "objects.pkl"))
         instance._set_objects(objects["model"], objects["criterion"], objects["preprocess"],
-                              objects["optimizer_factory"])
+                              objects["optimizer_factory"], objects.get("augment"),
+                              objects.get("lr_scheduler"), objects.get("initial_weights"))
         return instance
 
 
@@ -101,7 +105,8 @@ class NNModelWriter(_StageWriter):
         torch.save(self.instance.module.state_dict(), buf)
         write_bytes(self.sc, path, buf.getvalue(), "weights.pt")
         write_bytes(self.sc, path, cloudpickle.dumps({"module": self.instance.module,
-                                                      "preprocess": self.instance.preprocess}),
+                                                      "preprocess": self.instance.preprocess,
+                                                      "collate": self.instance.collate}),
                     "module.pkl")
 
 
@@ -111,34 +116,36 @@ class NNModelReader(_StageReader):
     By default the architecture comes from ``module.pkl``, which is unpickled: like any pickle it
     can run code, so only load models you trust. With ``model`` (a zero-argument factory that
     builds the same architecture) nothing is unpickled: only ``weights.pt`` (loaded with
-    ``weights_only=True``) and the JSON metadata are read; ``preprocess`` is then whatever is
-    passed here.
+    ``weights_only=True``) and the JSON metadata are read; ``preprocess`` and ``collate`` are
+    then whatever is passed here.
     """
 
-    def __init__(self, cls: type, model: Any = None, preprocess: Any = None) -> None:
+    def __init__(self, cls: type, model: Any = None, preprocess: Any = None,
+                 collate: Any = None) -> None:
         super().__init__(cls)
         self.model_factory = model
         self.preprocess = preprocess
+        self.collate = collate
 
-    def _architecture(self, path: str) -> tuple[Any, Any]:
+    def _architecture(self, path: str) -> tuple[Any, Any, Any]:
         if self.model_factory is None:
             objects = pickle.loads(read_bytes(self.sc, path, "module.pkl"))
-            return objects["module"], objects["preprocess"]
+            return objects["module"], objects["preprocess"], objects.get("collate")
         module = self.model_factory()
         if not isinstance(module, torch.nn.Module):
             raise InvalidArgumentError(f"The 'model' factory passed to {self.cls.__name__}.load "
                                        f"must return a torch.nn.Module. Got "
                                        f"{type(module).__name__}.")
-        return module, self.preprocess
+        return module, self.preprocess, self.collate
 
     def load(self, path: str) -> Any:
         import pandas as pd
 
         metadata = _load_metadata(path, self.sc, self.cls)
-        module, preprocess = self._architecture(path)
+        module, preprocess, collate = self._architecture(path)
         state = torch.load(io.BytesIO(read_bytes(self.sc, path, "weights.pt")), weights_only=True)
         module.load_state_dict(state)
-        instance = self.cls(module, preprocess)
+        instance = self.cls(module, preprocess, collate)
         DefaultParamsReader.getAndSetParams(instance, metadata)
         instance._resetUid(metadata["uid"])
         instance.output_size = metadata.get("output_size", 0)

@@ -109,11 +109,14 @@ class CachedData:
         float_dtype: numpy dtype string that floating features and labels are stored in.
         name: a word for the logs ("training", "validation").
         place: where executors keep the shards, "disk" or "memory" (:func:`shard_place`).
+        ragged: the inputs that are variable-length (:mod:`sparkdl.data.ragged`).
     """
 
-    def __init__(self, rdd: RDD, float_dtype: str, name: str, place: str = "disk") -> None:
+    def __init__(self, rdd: RDD, float_dtype: str, name: str, place: str = "disk",
+                 ragged: tuple[int, ...] = ()) -> None:
         self.rdd = rdd
         self.float_dtype = float_dtype
+        self.ragged = tuple(ragged)
         self.name = name
         self.place = place
         self.data_key = f"{name}-{uuid.uuid4().hex[:12]}"
@@ -124,7 +127,7 @@ class CachedData:
 
     @property
     def builder(self) -> ShardBuildTask:
-        return ShardBuildTask(self.data_key, self.float_dtype, self.place)
+        return ShardBuildTask(self.data_key, self.float_dtype, self.place, self.ragged)
 
     @property
     def num_partitions(self) -> int:

@@ -101,11 +101,13 @@ class InProcessRunner:
         if device == "cuda" and not torch.cuda.is_available():
             raise InvalidArgumentError("device='cuda' but CUDA is not available in this process")
 
-    def load(self, data: LocalPartitions, name: str, float_dtype: str) -> InProcessData:
+    def load(self, data: LocalPartitions, name: str, float_dtype: str,
+             ragged: tuple[int, ...] = ()) -> InProcessData:
         held = InProcessData(name)
         for partition, records in enumerate(data.partitions):
             try:
-                feats, labels = convert_records(partition, iter(records), np.dtype(float_dtype))
+                feats, labels = convert_records(partition, iter(records), np.dtype(float_dtype),
+                                                ragged)
             except (TypeError, ValueError) as exc:
                 held.summaries.append(ShardSummary(partition=partition, error=str(exc)))
                 held.shards.append(None)

@@ -83,9 +83,11 @@ class IterationRunner(Protocol):
     def check_device(self, device: str) -> None:
         """Raise a clear error, before any cluster work, if ``device`` cannot be had."""
 
-    def load(self, data: Any, name: str, float_dtype: str) -> DataHandle:
-        """Hold ``data`` as per-partition shards where the tasks run (one job); bad records are
-        reported in the summaries' ``error``, never raised here."""
+    def load(self, data: Any, name: str, float_dtype: str,
+             ragged: tuple[int, ...] = ()) -> DataHandle:
+        """Hold ``data`` as per-partition shards where the tasks run (one job); inputs in
+        ``ragged`` are variable-length; bad records are reported in the summaries' ``error``,
+        never raised here."""
 
     def start(self, spec: ReplicaSpec, layout: ParamLayout, options: RunnerOptions,
               train: DataHandle) -> str:

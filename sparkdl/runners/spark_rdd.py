@@ -96,12 +96,13 @@ class SparkRddRunner:
                  "resource profile (spark.task.resource.gpu.amount is not set)")
         return ResourceProfileBuilder().require(requests).build
 
-    def load(self, data: Any, name: str, float_dtype: str) -> CachedData:
+    def load(self, data: Any, name: str, float_dtype: str,
+             ragged: tuple[int, ...] = ()) -> CachedData:
         place = shard_place(self.spark_context.getConf())
         if place == "memory":
             log.info("spark.io.encryption.enabled: the %s shards stay in the Python workers' "
                      "memory (nothing is written to the executors' disks)", name)
-        cached = CachedData(data, float_dtype, name, place)
+        cached = CachedData(data, float_dtype, name, place, ragged)
         self._held.append(cached)
         cached.build()
         return cached

@@ -23,7 +23,9 @@ INVALID = {  # Param -> a value of the right JSON type that is out of range
     "batchSize": 0, "maxEpoch": -1, "learningRate": 0.0, "momentum": -0.5, "weightDecay": -1.0,
     "optimizer": "lbfgs", "numTrainWorkers": -2, "microBatchSize": -1,
     "inferenceBatchSize": 0, "featureShape": [0, 4], "labelCol": "",
-    "device": "gpu", "precision": "fp8",
+    "device": "gpu", "precision": "fp8", "inputCols": ["features", "features"],
+    "gradientClipNorm": -1.0, "earlyStoppingPatience": -1, "validationMetrics": ["auc"],
+    "sequenceCols": ["features", "features"],
 }
 
 
@@ -96,7 +98,7 @@ def test_executor_bound_objects_pickle(fitted, name):
     from sparkdl.data.dataframe_arrays import FeatureSource
     from sparkdl.ml.inference import predict_column
 
-    udf = predict_column(model.module, FeatureSource("vector", ("features",)), [], None, 8,
+    udf = predict_column(model.module, [FeatureSource("vector", ("features",))], [], None, 8,
                          name == "NNClassifier", name != "NNClassifier")
     cloudpickle.dumps(udf.func)
 
