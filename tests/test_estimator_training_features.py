@@ -194,3 +194,43 @@ def test_weight_col_must_be_numeric_and_not_negative(spark):
     negative = df.withColumn("w", F.lit(-1.0))
     with pytest.raises(Exception, match=r"Column 'w' \(weightCol\) must hold finite weights"):
         estimator(net, maxEpoch=1, weightCol="w").fit(negative)
+
+
+@pytest.mark.cluster
+def test_killed_driver_resumes_an_estimator_fit_from_checkpoint_dir(spark, tmp_path):
+    """Acceptance 5: a driver fitting with checkpointDir is SIGKILLed after a checkpoint; the
+    same fit started again resumes and ends bitwise equal to an uninterrupted fit."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import estimator_job
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    ckpt, out = tmp_path / "ckpt", tmp_path / "weights.pt"
+    cmd = [sys.executable, os.path.join(here, "estimator_job.py"), "local[2]", str(out),
+           str(ckpt), "--epochs", "40"]
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and first.poll() is None:
+            if ckpt.exists() and any(f.startswith("checkpoint-") for f in os.listdir(ckpt)):
+                break
+            time.sleep(0.05)
+        assert first.poll() is None, "the first driver ended before it could be killed"
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=60)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert not out.exists()
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resum" in second.stderr.lower(), second.stderr[-2000:]
+    resumed = estimator_job.model()
+    resumed.load_state_dict(torch.load(out, weights_only=True))
+    whole = estimator_job.fit(spark, 40)
+    assert bitwise_equal(resumed, whole.module)
