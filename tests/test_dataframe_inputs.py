@@ -113,15 +113,30 @@ def test_string_labels_are_refused_with_a_pointer_to_string_indexer(spark, label
         clf.fit(df)
 
 
-def test_integer_scalar_features_reach_the_model_as_int64(spark):
-    """featuresCols of integer columns only: one int64 input (ids side by side)."""
+def test_integer_columns_side_by_side_stay_a_float_vector_but_alone_are_int64(spark):
+    """featuresCols assembles numeric columns into one float vector (as VectorAssembler
+    would), integer or not; through inputCols an integer scalar column is int64 ids."""
     rows, labels = id_bags(300, length=2)
     df = spark.createDataFrame([(r[0], r[1], int(c)) for r, c in zip(rows, labels)],
                                ["a", "b", "label"])
-    clf = NNClassifier(model=IdBagClassifier, criterion=torch.nn.CrossEntropyLoss(),
-                       featuresCols=["a", "b"], maxEpoch=1, batchSize=64, progressBar=False)
-    out = clf.fit(df).transform(df.limit(5)).select("prediction").toPandas()
-    assert len(out) == 5
+    assert df.schema["a"].dataType.simpleString() == "bigint"
+    linear = NNClassifier(model=lambda: torch.nn.Linear(2, 3),
+                          criterion=torch.nn.CrossEntropyLoss(), featuresCols=["a", "b"],
+                          maxEpoch=1, batchSize=64, progressBar=False)
+    assert linear.fit(df).transform(df.limit(5)).count() == 5
+    ids = NNClassifier(model=_PairOfIds, criterion=torch.nn.CrossEntropyLoss(),
+                       inputCols=["a", "b"], maxEpoch=1, batchSize=64, progressBar=False)
+    assert ids.fit(df).transform(df.limit(5)).count() == 5
+
+
+class _PairOfIds(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(60, 3)
+
+    def forward(self, a, b):
+        assert a.dtype == b.dtype == torch.int64 and a.ndim == 1
+        return self.emb(a) + self.emb(b)
 
 
 def test_transform_of_empty_batches_and_one_logit_meaning(spark):

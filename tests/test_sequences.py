@@ -84,7 +84,7 @@ def test_sequence_cols_through_the_classifier_with_save_and_load(spark, tmp_path
     np.testing.assert_array_equal(out["prediction"].to_numpy(), b.to_numpy())
 
 
-def test_collate_builds_the_model_arguments_itself(spark):
+def test_collate_builds_the_model_arguments_itself(spark, tmp_path):
     rows, labels = id_sequences(200)
     df = spark.createDataFrame([([int(i) for i in r], int(c)) for r, c in zip(rows, labels)],
                                ["ids", "label"])
@@ -99,7 +99,9 @@ def test_collate_builds_the_model_arguments_itself(spark):
     clf = NNClassifier(model=lambda: SequenceMeanNet(vocab=61),
                        criterion=torch.nn.CrossEntropyLoss(), featuresCol="ids",
                        sequenceCols=["ids"], collate=collate, maxEpoch=1, batchSize=50,
-                       progressBar=False)
+                       augment=lambda batch, rng: batch, progressBar=False)
+    clf.write().overwrite().save(str(tmp_path / "est"))
+    assert NNClassifier.load(str(tmp_path / "est")).collate is not None
     model = clf.fit(df)
     assert model.transform(df).count() == 200
     assert seen, "collate ran in the driver's checks"
@@ -114,3 +116,16 @@ def test_sequence_col_that_is_not_an_input_is_refused(spark):
     with pytest.raises(InvalidArgumentError, match=r"Column 'other' \(in sequenceCols\) is "
                                                    r"not one of the model's input columns"):
         clf.fit(df)
+
+
+def test_sequences_pass_through_augmentation_and_concatenate_from_any_offset():
+    from sparkdl.data.batch_plan import transform_generator
+    from sparkdl.executor.step import apply_transform
+
+    seqs = Ragged.from_rows([np.array([3, 1, 4]), np.array([1]), np.array([5, 9])])
+    out = apply_transform(lambda batch, rng: batch, [seqs], transform_generator(0, 0, 0))
+    assert isinstance(out[0], Ragged)
+    shifted = Ragged(np.array([9, 9, 1, 2, 3]), np.array([2, 3, 5]))   # rows [1], [2, 3]
+    both = Ragged.concatenate([shifted, seqs])
+    rows = [both.take(np.array([i])).values.tolist() for i in range(len(both))]
+    assert rows == [[1], [2, 3], [3, 1, 4], [1], [5, 9]]

@@ -8,9 +8,9 @@ The estimators take the model's inputs from the DataFrame in one of two ways:
 * several inputs: ``inputCols``, one column per model argument in order (``model(*inputs)``),
   each a Vector, a numeric array, a numeric scalar or an image column.
 
-Integer columns (scalars, arrays, all-integer ``featuresCols``) reach the model as int64 (ids
-for ``nn.Embedding``); floating ones in the model's float dtype; Vectors as floats; images as
-float ``C x H x W`` in [0, 1].
+Integer columns (scalars and arrays) reach the model as int64 (ids for ``nn.Embedding``);
+floating ones in the model's float dtype; Vectors and ``featuresCols`` (assembled side by side,
+as ``VectorAssembler`` would) as floats; images as float ``C x H x W`` in [0, 1].
 
 :func:`feature_sources` inspects the schema (no Spark job) and :func:`to_blocks` turns the
 DataFrame into an RDD of :class:`~sparkdl.data.records.ArrayBlock` (one per Arrow batch), which
@@ -103,7 +103,7 @@ def feature_sources(schema: Any, features_col: str, features_cols: Sequence[str]
     the array columns in ``sequence_cols`` are variable-length."""
     from dataclasses import replace
 
-    from pyspark.sql.types import IntegralType, NumericType
+    from pyspark.sql.types import NumericType
 
     names = schema.fieldNames()
     if input_cols or sequence_cols:
@@ -129,8 +129,8 @@ def feature_sources(schema: Any, features_col: str, features_cols: Sequence[str]
             if not isinstance(schema[c].dataType, NumericType):
                 raise _column_error(c, f"(in featuresCols) has type "
                                        f"{schema[c].dataType.simpleString()}, not a numeric type")
-        integral = all(isinstance(schema[c].dataType, IntegralType) for c in features_cols)
-        return [FeatureSource("columns", tuple(features_cols), integral)]
+        # side by side in one float vector, as VectorAssembler would (ids: use inputCols)
+        return [FeatureSource("columns", tuple(features_cols))]
     return [_one_column(schema, features_col, "featuresCol", scalar_ok=False)]
 
 
@@ -284,7 +284,7 @@ def arrow_inputs(columns: Sequence[pa.Array], sources: Sequence[FeatureSource],
         if not isinstance(out, (list, tuple)) or len(out) != len(xs):
             raise ValueError(f"preprocess must return a list of {len(xs)} arrays (one per "
                              f"inputCols column); got {type(out).__name__}")
-        xs = [np.asarray(x) for x in out]
+        xs = [x if isinstance(x, Ragged) else np.asarray(x) for x in out]
     return xs
 
 

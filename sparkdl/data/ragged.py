@@ -45,8 +45,9 @@ class Ragged:
 
     @classmethod
     def concatenate(cls, parts: Sequence["Ragged"]) -> "Ragged":
-        values = np.concatenate([p.values for p in parts])
-        shifts = np.cumsum([0] + [len(p.values) for p in parts[:-1]])
+        used = [p.values[p.offsets[0]:p.offsets[-1]] for p in parts]   # each part's own rows
+        values = np.concatenate(used)
+        shifts = np.cumsum([0] + [len(v) for v in used[:-1]])
         offsets = np.concatenate([[0]] + [p.offsets[1:] - p.offsets[0] + s
                                           for p, s in zip(parts, shifts)])
         return cls(values, offsets.astype(np.int64))

@@ -141,8 +141,9 @@ class DistriOptimizer:
         sample_weights: every record's features end with the sample's weight (a tuple
             ``(x, ..., weight)``): the loss is the weighted mean over the union batch,
             ``sum(w_i * loss_i) / sum(w_i)`` (the criterion, a torch loss with
-            ``reduction='mean'``, is evaluated per sample). Validation metrics ignore the
-            weights.
+            ``reduction='mean'`` and no class weights, is evaluated with ``reduction='none'``;
+            a sample's loss is the mean of its values, ignored targets included). Validation
+            metrics ignore the weights.
 
     Example::
 
@@ -188,6 +189,11 @@ class DistriOptimizer:
                                  "arguments", collate)
         self.collate = collate
         check_type("sample_weights", _OWNER, sample_weights, bool, "a bool")
+        if sample_weights and getattr(criterion, "weight", None) is not None:
+            raise InvalidArgumentError(
+                "sample_weights=True cannot be combined with a criterion that has class "
+                f"weights ({type(criterion).__name__}(weight=...)): fold the class weights into "
+                "the sample weights instead.")
         if sample_weights and not (isinstance(criterion, nn.Module) and
                                    getattr(criterion, "reduction", None) == "mean"):
             raise InvalidArgumentError(

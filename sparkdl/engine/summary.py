@@ -65,10 +65,10 @@ class ValidationRecord:
 
 @dataclass
 class TrainingSummary:
-    """Everything recorded during training, in order; and over the whole run (resumed runs
-    included): ``shards_rebuilt``, the training and validation shards built again, and
-    ``placement_misses``, the tasks that ran where their shard was not (each cost the rebuild
-    of that one shard)."""
+    """Everything recorded during training, in order; and over this driver's run (a resumed run
+    counts from its resume): ``shards_rebuilt``, the training and validation shards built
+    again, and ``placement_misses``, the tasks that ran where their shard was not (each cost
+    the rebuild of that one shard)."""
 
     iterations: list[IterationRecord] = field(default_factory=list)
     validations: list[ValidationRecord] = field(default_factory=list)

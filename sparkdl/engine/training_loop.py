@@ -55,15 +55,16 @@ def _total_iterations(trigger: Trigger, iterations_per_epoch: int) -> int | None
     return None
 
 
-def _normalize_by_weight(result: AllReduceResult, what: str) -> None:
-    """Sample weights: the tasks summed ``w_i * loss_i`` and its gradient; dividing by the
-    union batch's total weight gives the weighted mean loss and its gradient."""
+def _normalize_by_weight(result: AllReduceResult, batch_size: int, what: str) -> None:
+    """Sample weights: the tasks summed ``w_i * loss_i`` and the gradient of that sum divided
+    by the batch size; dividing by the union batch's total weight (over the batch size) gives
+    the weighted mean loss and its gradient."""
     total = math.fsum(r.weight_sum for r in result.reports)
     if not total > 0:
         raise SparkdlError(f"{what}: the sample weights of the batch sum to {total}; weights "
                            "must be >= 0 with a positive sum in every batch")
     assert result.vector is not None
-    np.divide(result.vector, total, out=result.vector, casting="unsafe")
+    np.divide(result.vector, total / batch_size, out=result.vector, casting="unsafe")
     for r in result.reports:
         r.loss /= total
 
@@ -128,7 +129,7 @@ class TrainingLoop:
         if result.vector is None:
             raise SparkdlError(f"iteration {ctx.iteration + 1}: no partition produced a gradient")
         if ctx.settings.sample_weights:
-            _normalize_by_weight(result, f"iteration {ctx.iteration + 1}")
+            _normalize_by_weight(result, step.batch_size, f"iteration {ctx.iteration + 1}")
         devices = sorted({r.device for r in result.reports if r.count} - self._devices)
         if devices:
             self._devices.update(devices)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..data.batch_plan import task_seed, transform_generator
-from ..data.ragged import model_arguments
+from ..data.ragged import Ragged, model_arguments
 from ..errors import SparkdlError
 from ..metrics import ValidationMetric
 from .process_memory import current_rss_bytes
@@ -135,7 +135,7 @@ def apply_transform(transform: Callable[..., Any], features: list[np.ndarray],
         raise ValueError("train_transform must return "
                          + ("an array" if single else f"a list of {len(features)} arrays")
                          + f" with {len(features[0])} rows, the batch it was given")
-    return [np.asarray(o) for o in out]
+    return [o if isinstance(o, Ragged) else np.asarray(o) for o in out]
 
 
 def _chunks(indices: np.ndarray, size: int | None) -> list[np.ndarray]:
@@ -191,7 +191,8 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
             per_sample = per_sample.reshape(per_sample.shape[0], -1).mean(1)
             loss = (per_sample * torch.from_numpy(np.asarray(sample_weights)).to(
                 per_sample.device, per_sample.dtype)).sum()
-            (loss * step.loss_scale).backward()
+            # divided by the batch size to keep float16 in range; the driver multiplies back
+            (loss * (step.loss_scale / step.batch_size)).backward()
             loss_sum += float(loss.detach())
             report.weight_sum += float(np.sum(sample_weights, dtype=np.float64))
             continue

@@ -188,6 +188,9 @@ def validate_params(stage: Params) -> None:
     if get("earlyStoppingPatience") < 0:
         raise _error("earlyStoppingPatience", owner, "an int >= 0 (0: off)",
                      get("earlyStoppingPatience"))
+    if get("sequenceCols") and get("featuresCols") and not get("inputCols"):
+        raise _error("sequenceCols", owner, "empty with featuresCols (columns side by side have "
+                     "one length; name the columns in inputCols instead)", get("sequenceCols"))
     if get("sequenceCols") and get("featureShape"):
         raise _error("featureShape", owner, "empty with sequenceCols (a sequence has no fixed "
                      "shape)", get("featureShape"))

@@ -72,7 +72,8 @@ class NNStageWriter(_StageWriter):
                    "optimizer_factory": self.instance.optimizer_factory,
                    "augment": self.instance.augment,
                    "lr_scheduler": self.instance.lr_scheduler,
-                   "initial_weights": self.instance.initial_weights}
+                   "initial_weights": self.instance.initial_weights,
+                   "collate": self.instance.collate}
         write_bytes(self.sc, path, cloudpickle.dumps(objects), "objects.pkl")
 
 
@@ -87,7 +88,8 @@ class NNStageReader(_StageReader):
         objects = pickle.loads(read_bytes(self.sc, path, "objects.pkl"))
         instance._set_objects(objects["model"], objects["criterion"], objects["preprocess"],
                               objects["optimizer_factory"], objects.get("augment"),
-                              objects.get("lr_scheduler"), objects.get("initial_weights"))
+                              objects.get("lr_scheduler"), objects.get("initial_weights"),
+                              objects.get("collate"))
         return instance
 
 

@@ -175,9 +175,10 @@ class SparkRddRunner:
                                   self._options.precision)
             rows = with_resources(data.index_rdd.mapPartitionsWithIndex(task),
                                   self._resources).collect()
-            missing = [p for p, sums, _ in rows if sums is None]
+            missing = [p for p, sums, _ in rows
+                       if sums is None and data.summaries[p].count > 0]
             if missing:
-                rows = [r for r in rows if r[1] is not None] + data.fill(
+                rows = [r for r in rows if r[0] not in missing] + data.fill(
                     missing, FillTask(data.builder, task), self._resources)
         finally:
             weights_bc.destroy(blocking=False)
