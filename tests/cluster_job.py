@@ -154,12 +154,13 @@ def main() -> None:
         x, _ = classification_data(sum(sizes), seed=1)
         rows = [x[i].astype("float32").tobytes() for i in range(0, len(x), 7)]
 
-        def scan():
+        def scan_disks():
             hits, read = files_containing(dirs, rows)
             print(f"scanned_dirs={dirs}")
             print(f"local_dir_files={files_containing([args.scan_local_dir], [])[1]}")
             print(f"scanned_files={read}")
             print(f"files_with_training_bytes={hits}")
+        scan = scan_disks
     trained, opt = train(sc, args.iterations, criterion, args.checkpoint, args.allreduce,
                          args.validation, sizes, scan)
     if args.secure:  # inference too: an Arrow UDF over a DataFrame on the secured cluster

@@ -195,6 +195,32 @@ class SlowPartitionLoss(nn.CrossEntropyLoss):
         return super().forward(output, target)
 
 
+def kill_driver_after_first_checkpoint(cmd: list[str], checkpoint_dir: Any,
+                                       timeout: float = 300) -> None:
+    """Start a driver process (``cmd``), wait until a ``checkpoint-*`` file appears in
+    ``checkpoint_dir`` and SIGKILL the driver's whole process group; fail if it ended first."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             start_new_session=True)
+    try:
+        deadline = time.time() + timeout
+        while time.time() < deadline and first.poll() is None:
+            if os.path.isdir(checkpoint_dir) and any(
+                    f.startswith("checkpoint-") for f in os.listdir(checkpoint_dir)):
+                break
+            time.sleep(0.05)
+        assert first.poll() is None, "the first driver ended before it could be killed"
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=60)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+
+
 def _kill_executor_jvm() -> None:
     import os
     import signal

@@ -12,7 +12,7 @@ from df_helpers import (IdBagClassifier, ThreeInputNet, id_bags, mlp4, three_inp
                         vector_df)
 from models import max_abs_diff, reference_train
 from sparkdl import BatchPlan, InvalidArgumentError, NNClassifier, NNEstimator
-from sparkdl.ml.estimators import NNClassifierModel, NNModel
+from sparkdl.ml.estimators import NNModel
 
 
 def test_embedding_bag_over_bigint_ids_learns_what_only_ids_solve(spark):

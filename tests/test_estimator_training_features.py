@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from models import bitwise_equal, max_abs_diff
+from models import bitwise_equal, kill_driver_after_first_checkpoint, max_abs_diff
 from sparkdl import BatchPlan, InvalidArgumentError, NNClassifier, NNEstimator
 
 BATCH, SEED = 16, 5
@@ -201,10 +201,8 @@ def test_killed_driver_resumes_an_estimator_fit_from_checkpoint_dir(spark, tmp_p
     """Acceptance 5: a driver fitting with checkpointDir is SIGKILLed after a checkpoint; the
     same fit started again resumes and ends bitwise equal to an uninterrupted fit."""
     import os
-    import signal
     import subprocess
     import sys
-    import time
 
     import estimator_job
 
@@ -212,20 +210,7 @@ def test_killed_driver_resumes_an_estimator_fit_from_checkpoint_dir(spark, tmp_p
     ckpt, out = tmp_path / "ckpt", tmp_path / "weights.pt"
     cmd = [sys.executable, os.path.join(here, "estimator_job.py"), "local[2]", str(out),
            str(ckpt), "--epochs", "40"]
-    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             start_new_session=True)
-    try:
-        deadline = time.time() + 300
-        while time.time() < deadline and first.poll() is None:
-            if ckpt.exists() and any(f.startswith("checkpoint-") for f in os.listdir(ckpt)):
-                break
-            time.sleep(0.05)
-        assert first.poll() is None, "the first driver ended before it could be killed"
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait(timeout=60)
-    finally:
-        if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
+    kill_driver_after_first_checkpoint(cmd, ckpt)
     assert not out.exists()
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]

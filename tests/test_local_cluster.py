@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import cluster_job
-from models import SmallNet, bitwise_equal
+from models import SmallNet, bitwise_equal, kill_driver_after_first_checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOCAL_CLUSTER = "local-cluster[2,1,1024]"
@@ -170,26 +170,10 @@ def test_no_training_bytes_on_executor_disks_with_io_encryption(clean_run, tmp_p
 def test_killed_driver_resumes_from_its_checkpoint(sc, tmp_path):
     """A driver process is SIGKILLed after a checkpoint; a new one ends bitwise equal to an
     uninterrupted run."""
-    import signal
-    import time
-
     ckpt, out = tmp_path / "ckpt", tmp_path / "weights.pt"
     cmd = [sys.executable, os.path.join(HERE, "cluster_job.py"), "local[2]", str(out),
            "--checkpoint", str(ckpt), "--iterations", "24"]
-    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             start_new_session=True)
-    deadline = time.time() + 300
-    try:
-        while time.time() < deadline and first.poll() is None:
-            if ckpt.exists() and any(f.startswith("checkpoint-") for f in os.listdir(ckpt)):
-                break
-            time.sleep(0.05)
-        assert first.poll() is None, "the first driver ended before it could be killed"
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait(timeout=60)
-    finally:
-        if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
+    kill_driver_after_first_checkpoint(cmd, ckpt)
     assert not out.exists()
     survivors = sorted(int(f[11:21]) for f in os.listdir(ckpt) if f.startswith("checkpoint-"))
     assert survivors and survivors[-1] < 24

@@ -143,14 +143,10 @@ def dry_run(model: nn.Module, criterion: Any, spec: DataSpec, what: str,
 def _dry_run(probe: nn.Module, criterion: Any, spec: DataSpec, what: str,
              metrics: Sequence[Any], dtype: torch.dtype | None, arguments: Any) -> None:
 
-    def tensor(a: Any) -> torch.Tensor:
-        t = a if isinstance(a, torch.Tensor) else torch.from_numpy(np.array(a))
-        return as_model_input(t, dtype) if dtype is not None else t
-
     args = (arguments(list(spec.sample_features)) if arguments is not None
             else model_arguments(spec.sample_features))
-    inputs = [tensor(f) for f in args]
-    target = tensor(spec.sample_labels)
+    inputs = [as_model_input(f, dtype) for f in args]
+    target = as_model_input(spec.sample_labels, dtype)
     shapes = ", ".join(f"{tuple(x.shape)} {x.dtype}" for x in inputs)
     try:
         with torch.no_grad():

@@ -93,10 +93,16 @@ def autocast(precision: str, device: torch.device) -> torch.autocast:
     return torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
 
 
-def as_model_input(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``t`` as a model with parameters of ``dtype`` takes it: floating values in that dtype
-    (bfloat16 data is stored as float32, which numpy can hold), integers (ids) as they are."""
-    return t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t
+def as_model_input(a: Any, dtype: torch.dtype | None) -> torch.Tensor:
+    """``a`` (a tensor, or an array, taken without a copy when it is writable) as a model with
+    parameters of ``dtype`` takes it: floating values in that dtype (bfloat16 data is stored as
+    float32, which numpy can hold), integers (ids) as they are; ``dtype`` None: as it is."""
+    if not isinstance(a, torch.Tensor):
+        array = np.asarray(a)
+        a = torch.from_numpy(array if array.flags.writeable else array.copy())
+    if dtype is not None and a.is_floating_point() and a.dtype != dtype:
+        return a.to(dtype)
+    return a
 
 
 def _to_tensors(features: Sequence[Any], labels: np.ndarray, dtype: torch.dtype,
@@ -105,8 +111,7 @@ def _to_tensors(features: Sequence[Any], labels: np.ndarray, dtype: torch.dtype,
     """Tensors of a batch on ``device``, as the model takes them (:func:`as_model_input`;
     sequences padded, or the replica's ``collate``: :func:`sparkdl.data.ragged.model_arguments`)."""
     def tensor(a: Any) -> torch.Tensor:
-        t = a if isinstance(a, torch.Tensor) else torch.from_numpy(np.asarray(a))
-        t = as_model_input(t, dtype)
+        t = as_model_input(a, dtype)
         return t.to(device, non_blocking=True) if device.type != "cpu" else t
 
     args = model_arguments(features, getattr(replica, "padding_value", 0.0),
@@ -184,22 +189,21 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
             features = apply_transform(augment, features, rng)
         inputs, target = _to_tensors(features, labels, layout.param_dtype, replica.device,
                                      replica)
+        criterion = replica.per_sample_criterion if replica.sample_weights else replica.criterion
+        with autocast(step.precision, replica.device):
+            loss = criterion(model(*inputs), target)
         if replica.sample_weights:
             # sum of w_i * loss_i; the driver divides the summed vector by the union's sum of w
-            with autocast(step.precision, replica.device):
-                per_sample = replica.per_sample_criterion(model(*inputs), target)
-            per_sample = per_sample.reshape(per_sample.shape[0], -1).mean(1)
+            per_sample = loss.reshape(loss.shape[0], -1).mean(1)
             loss = (per_sample * torch.from_numpy(np.asarray(sample_weights)).to(
                 per_sample.device, per_sample.dtype)).sum()
-            # divided by the batch size to keep float16 in range; the driver multiplies back
-            (loss * (step.loss_scale / step.batch_size)).backward()
-            loss_sum += float(loss.detach())
             report.weight_sum += float(np.sum(sample_weights, dtype=np.float64))
-            continue
-        with autocast(step.precision, replica.device):
-            loss = replica.criterion(model(*inputs), target)
-        weight = len(chunk) / step.batch_size if mean else 1.0
-        (loss * (weight * step.loss_scale)).backward()      # the scale is 1 or a power of 2
+            # divided by the batch size to keep float16 in range; the driver multiplies back
+            weight, factor = 1.0, step.loss_scale / step.batch_size
+        else:
+            weight = len(chunk) / step.batch_size if mean else 1.0
+            factor = weight * step.loss_scale               # the scale is 1 or a power of 2
+        (loss * factor).backward()
         loss_sum += float(loss.detach()) * weight
     vector, report.grad_present = layout.gradients(model)
     report.buffers = layout.changed_buffers(model, weights)

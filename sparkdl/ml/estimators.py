@@ -228,8 +228,7 @@ def _output_size(model: nn.Module, engine: DistriOptimizer) -> int:
     dtype = engine.layout.param_dtype
     with torch.no_grad():
         args = engine._model_arguments(list(engine.data_spec.sample_features))
-        out = model(*[as_model_input(a if isinstance(a, torch.Tensor)
-                                     else torch.from_numpy(np.array(a)), dtype) for a in args])
+        out = model(*[as_model_input(a, dtype) for a in args])
     model.train(was_training)
     return int(np.prod(out.shape[1:]))
 

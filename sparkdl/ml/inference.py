@@ -53,10 +53,9 @@ def _outputs(model: torch.nn.Module, xs: Sequence[Any], batch_size: int,
     with torch.no_grad(), autocast(precision, device):
         for lo in range(0, rows, batch_size):
             rows_here = np.arange(lo, min(lo + batch_size, rows))
-            features = [x.take(rows_here) if isinstance(x, Ragged) else np.array(x[rows_here])
-                        for x in xs]
-            batch = [as_model_input(a if isinstance(a, torch.Tensor) else torch.from_numpy(a),
-                                    dtype).to(device)
+            features = [x.take(rows_here) if isinstance(x, Ragged) else x[rows_here]
+                        for x in xs]   # new arrays (fancy indexing copies)
+            batch = [as_model_input(a, dtype).to(device)
                      for a in model_arguments(features, padding_value, collate)]
             out = model(*batch)
             chunks.append(out.double().reshape(out.shape[0], -1).cpu().numpy())
