@@ -223,15 +223,6 @@ def test_adult_census_pipeline_reaches_0_84(spark):
     assert accuracy(model.transform(test)) >= 0.84
 
 
-def test_spark_connect_is_refused_with_a_clear_error(spark, monkeypatch):
-    import pyspark.sql.utils
-
-    df = vector_df(spark, 20)
-    monkeypatch.setattr(pyspark.sql.utils, "is_remote", lambda: True)
-    with pytest.raises(InvalidArgumentError, match=r"Spark Connect sessions are not supported"):
-        classifier(maxEpoch=1).fit(df)
-
-
 def test_module_is_copied_never_mutated_and_optimizer_factory_is_used(spark):
     torch.manual_seed(0)
     net = mlp4()

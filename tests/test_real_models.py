@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from models import SmallNet, bitwise_equal, make_rdd, max_abs_diff, reference_train
+from models import SmallNet, make_rdd, max_abs_diff, reference_train
 from sparkdl import BatchPlan, DistriOptimizer, InvalidArgumentError, Top1Accuracy
 from sparkdl.triggers import MaxIteration
 from zoo_models import (BatchNormCNN, CounterNet, DictOutput, GRUClassifier, LogitsLoss,

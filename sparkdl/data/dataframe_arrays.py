@@ -32,7 +32,7 @@ from .records import ArrayBlock
 
 __all__ = ["FeatureSource", "feature_sources", "feature_expression", "arrow_features",
            "arrow_inputs", "input_expressions", "check_label_column", "check_weight_column",
-           "to_blocks",
+           "to_blocks", "frame_blocks", "BlockConverter", "DataFrameBlocks",
            "arrays_to_dataframe", "LABEL_FIELD", "numpy_float_dtype"]
 
 LABEL_FIELD = "_sparkdl_label"
@@ -330,41 +330,98 @@ def _weights(column: pa.Array, weight_col: str, float_dtype: Any) -> np.ndarray:
     return w.astype(float_dtype)
 
 
-def to_blocks(df: Any, sources: Sequence[FeatureSource], label_col: str, classifier: bool,
-              feature_shape: Sequence[int], preprocess: Any, partitions: int,
-              float_dtype: Any = np.float32, weight_col: str = "") -> Any:
-    """The rows of ``df`` as an RDD of ArrayBlocks, one per Arrow batch, in ``partitions``;
-    with ``weight_col`` every block's last feature array is the rows' weights."""
-    from pyspark.sql import functions as F
+@dataclass(frozen=True)
+class BlockConverter:
+    """Turns the Arrow batches of a DataFrame selected by :func:`frame_blocks` into
+    :class:`~sparkdl.data.records.ArrayBlock` s (in the Python workers; picklable)."""
 
-    float_dtype = np.dtype(float_dtype)
-    float_type = "double" if float_dtype == np.float64 else "float"
-    inputs = len(sources)
-    weights = [F.col(weight_col).cast("double").alias("_sparkdl_weight")] if weight_col else []
-    selected = df.select(*input_expressions(sources, float_type), *weights,
-                         F.col(label_col).alias(LABEL_FIELD))
-    label_at = inputs + len(weights)
-    if partitions and partitions != selected.rdd.getNumPartitions():
-        selected = selected.repartition(partitions)
-    shape = list(feature_shape)
+    sources: tuple[FeatureSource, ...]
+    label_col: str
+    classifier: bool
+    feature_shape: tuple[int, ...]
+    preprocess: Any
+    float_dtype: str
+    weight_col: str = ""
 
-    def convert(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def blocks(self, batches: Iterator[pa.RecordBatch]) -> Iterator[ArrayBlock]:
+        """One block per Arrow slice; a slice with bad values gives a block carrying the
+        error (raised on the driver with every partition's problems)."""
+        inputs, dtype = len(self.sources), np.dtype(self.float_dtype)
+        label_at = inputs + (1 if self.weight_col else 0)
         for whole in batches:
             for batch in _slices(whole, _BLOCK_BYTES):
                 try:
-                    xs = arrow_inputs(batch.columns[:inputs], sources, shape, preprocess,
-                                      float_dtype)
-                    if weight_col:
-                        xs.append(_weights(batch.column(inputs), weight_col, float_dtype))
-                    block = ArrayBlock(xs, _labels(batch.column(label_at), label_col,
-                                                   classifier))
+                    xs = arrow_inputs(batch.columns[:inputs], self.sources,
+                                      list(self.feature_shape), self.preprocess, dtype)
+                    if self.weight_col:
+                        xs.append(_weights(batch.column(inputs), self.weight_col, dtype))
+                    yield ArrayBlock(xs, _labels(batch.column(label_at), self.label_col,
+                                                 self.classifier))
                 except ValueError as exc:
-                    block = ArrayBlock([], np.zeros(0), error=str(exc))
-                payload = pickle.dumps(block, protocol=pickle.HIGHEST_PROTOCOL)
-                yield pa.RecordBatch.from_arrays([pa.array([payload], pa.binary())], ["block"])
+                    yield ArrayBlock([], np.zeros(0), error=str(exc))
 
-    blocks = selected.mapInArrow(convert, "block binary")
-    return blocks.rdd.map(lambda row: pickle.loads(row[0]))
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """``mapInArrow`` form: every block pickled into a one-row ``block binary`` batch."""
+        for block in self.blocks(batches):
+            payload = pickle.dumps(block, protocol=pickle.HIGHEST_PROTOCOL)
+            yield pa.RecordBatch.from_arrays([pa.array([payload], pa.binary())], ["block"])
+
+
+@dataclass(frozen=True)
+class DataFrameBlocks:
+    """Training (or validation) data as a DataFrame: ``selected`` holds the model's input
+    columns (and label, weight) in the partitions training uses; ``converter`` turns its Arrow
+    batches into blocks where the tasks run. A classic session trains on :meth:`to_rdd`; a
+    Spark Connect session, which has no RDDs, runs the DataFrame runner over ``selected``."""
+
+    selected: Any
+    converter: BlockConverter
+    num_partitions: int
+
+    def getNumPartitions(self) -> int:
+        """The number of partitions (named like ``RDD.getNumPartitions``)."""
+        return self.num_partitions
+
+    @property
+    def spark(self) -> Any:
+        return self.selected.sparkSession
+
+    def to_rdd(self) -> Any:
+        """The blocks as an RDD (classic sessions only)."""
+        blocks = self.selected.mapInArrow(self.converter, "block binary")
+        return blocks.rdd.map(lambda row: pickle.loads(row[0]))
+
+
+def frame_blocks(df: Any, sources: Sequence[FeatureSource], label_col: str, classifier: bool,
+                 feature_shape: Sequence[int], preprocess: Any, partitions: int,
+                 float_dtype: Any = np.float32, weight_col: str = "") -> DataFrameBlocks:
+    """The rows of ``df`` as :class:`DataFrameBlocks` in ``partitions`` partitions (``df``'s own
+    when it has that many, else a round-robin repartition); with ``weight_col`` every block's
+    last feature array is the rows' weights."""
+    from pyspark.sql import functions as F
+
+    from .dataframe_partitions import partition_count
+
+    float_dtype = np.dtype(float_dtype)
+    float_type = "double" if float_dtype == np.float64 else "float"
+    weights = [F.col(weight_col).cast("double").alias("_sparkdl_weight")] if weight_col else []
+    selected = df.select(*input_expressions(sources, float_type), *weights,
+                         F.col(label_col).alias(LABEL_FIELD))
+    count = partition_count(selected)
+    if partitions and partitions != count:
+        selected, count = selected.repartition(partitions), partitions
+    converter = BlockConverter(tuple(sources), label_col, classifier, tuple(feature_shape),
+                               preprocess, float_dtype.str, weight_col)
+    return DataFrameBlocks(selected, converter, count)
+
+
+def to_blocks(df: Any, sources: Sequence[FeatureSource], label_col: str, classifier: bool,
+              feature_shape: Sequence[int], preprocess: Any, partitions: int,
+              float_dtype: Any = np.float32, weight_col: str = "") -> Any:
+    """The rows of ``df`` as an RDD of ArrayBlocks, one per Arrow batch, in ``partitions``
+    (classic sessions; see :func:`frame_blocks`)."""
+    return frame_blocks(df, sources, label_col, classifier, feature_shape, preprocess,
+                        partitions, float_dtype, weight_col).to_rdd()
 
 
 def arrays_to_dataframe(spark: Any, features: np.ndarray, labels: np.ndarray,

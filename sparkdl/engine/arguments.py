@@ -21,13 +21,23 @@ __all__ = ["check_training_data", "check_criterion", "check_optimizer", "check_l
 
 
 def check_training_data(name: str, owner: str, value: Any) -> Any:
-    """An RDD of records, or :class:`sparkdl.runners.LocalPartitions` to run in process."""
+    """An RDD of records, or :class:`sparkdl.runners.LocalPartitions` to run in process (or the
+    estimators' :class:`~sparkdl.data.dataframe_arrays.DataFrameBlocks`)."""
     from pyspark import RDD
 
+    from ..data.dataframe_arrays import DataFrameBlocks
     from ..runners.in_process import LocalPartitions
+    from ..storage.file_systems import is_connect_session
 
-    if isinstance(value, (RDD, LocalPartitions)):
+    if isinstance(value, (RDD, LocalPartitions, DataFrameBlocks)):
         return value
+    if type(value).__name__ == "DataFrame" and \
+            is_connect_session(getattr(value, "sparkSession", None)):
+        raise InvalidArgumentError(
+            f"The '{name}' argument of {owner} is a Spark Connect DataFrame. The engine API "
+            "trains on RDDs, which Spark Connect does not have: under Spark Connect use the "
+            "estimators, sparkdl.NNEstimator or sparkdl.NNClassifier, which take the same "
+            "model, criterion and optimizer settings and run through DataFrame operations.")
     if type(value).__name__ == "DataFrame":
         hint = (" For a DataFrame use sparkdl.NNEstimator, or pass "
                 "df.rdd.map(lambda row: (features, label)).")

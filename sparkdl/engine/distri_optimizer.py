@@ -144,6 +144,9 @@ class DistriOptimizer:
             ``reduction='mean'`` and no class weights, is evaluated with ``reduction='none'``;
             a sample's loss is the mean of its values, ignored targets included). Validation
             metrics ignore the weights.
+        exchange_dir: for the DataFrame runner that the estimators use under Spark Connect
+            (:mod:`sparkdl.runners.connect_dataframe`): where weights above
+            :data:`sparkdl.transport.exchange.CLOSURE_MAX_BYTES` travel; unused by RDD runs.
 
     Example::
 
@@ -169,7 +172,7 @@ class DistriOptimizer:
                  train_transform: Callable[[Any, Any], Any] | None = None,
                  sequence_inputs: Sequence[int] = (), padding_value: float = 0.0,
                  collate: Callable[[list[Any]], Sequence[Any]] | None = None,
-                 sample_weights: bool = False) -> None:
+                 sample_weights: bool = False, exchange_dir: str | None = None) -> None:
         self.model = check_type("model", _OWNER, model, nn.Module, "a torch.nn.Module")
         if train_transform is not None and not callable(train_transform):
             raise argument_error("train_transform", _OWNER,
@@ -189,6 +192,11 @@ class DistriOptimizer:
                                  "arguments", collate)
         self.collate = collate
         check_type("sample_weights", _OWNER, sample_weights, bool, "a bool")
+        if exchange_dir is not None and (not isinstance(exchange_dir, str)
+                                         or not exchange_dir.strip()):
+            raise argument_error("exchange_dir", _OWNER, "a directory path or URI, or None",
+                                 exchange_dir)
+        self.exchange_dir = exchange_dir
         if sample_weights and getattr(criterion, "weight", None) is not None:
             raise InvalidArgumentError(
                 "sample_weights=True cannot be combined with a criterion that has class "
@@ -368,12 +376,17 @@ class DistriOptimizer:
                        "[...]) with that metric") + ".")
 
     def _checkpoint_store(self, path: str) -> CheckpointStore:
-        sc = getattr(self.training_rdd, "context", None)
-        if sc is None:
+        from ..runners.in_process import LocalPartitions
+        from ..storage.arrow_files import ArrowFiles
+        from ..storage.hadoop_files import HadoopFiles
+
+        data = self.training_rdd
+        if isinstance(data, LocalPartitions):
             raise InvalidArgumentError(
                 "Checkpoints are written through Spark's Hadoop file systems; training data "
                 "given as LocalPartitions runs without Spark and cannot write them.")
-        return CheckpointStore(path, sc)
+        sc = getattr(data, "context", None)
+        return CheckpointStore(path, HadoopFiles(sc) if sc is not None else ArrowFiles())
 
     def set_tensorboard(self, log_dir: str) -> "DistriOptimizer":
         """Also write training scalars (loss, learning rate, samples/s per iteration) and
@@ -398,7 +411,7 @@ class DistriOptimizer:
         self.layout = ParamLayout(self.model)        # as the model is now (requires_grad flags)
         for trigger in self.end_trigger.walk():
             trigger.reset()
-        runner = runner_for(self.training_rdd)
+        runner = runner_for(self.training_rdd, self.exchange_dir)
         runner.check_device(self.settings.runner_options.device)
         checkpoints = (Checkpoints(self._checkpoint_setup,
                                    self._checkpoint_store(self._checkpoint_setup.path))

@@ -29,11 +29,15 @@ from pyspark.sql import DataFrame
 from torch import nn
 
 from ..data.dataframe_arrays import (check_label_column, check_weight_column, feature_sources,
-                                     input_expressions, numpy_float_dtype, to_blocks)
+                                     frame_blocks, input_expressions, numpy_float_dtype)
+from ..data.dataframe_partitions import default_parallelism
 from ..engine.distri_optimizer import DistriOptimizer
 from ..engine.rng_isolation import private_torch_rng
 from ..executor.step import as_model_input
 from ..errors import InvalidArgumentError, ModelCriterionMismatchError, TrainingDataError
+from ..storage.file_systems import is_connect_session
+from ..transport.exchange import check_exchange
+from ..transport.flat_layout import ParamLayout
 from .engine_settings import configure_engine, end_trigger
 from .inference import predict_column
 from .params import NNClassifierParams, NNParams, validate_params
@@ -44,17 +48,6 @@ __all__ = ["NNEstimator", "NNModel", "NNClassifier", "NNClassifierModel"]
 log = logging.getLogger("sparkdl")
 
 ModelSpec = nn.Module | Callable[[], nn.Module]
-
-
-def _check_not_connect(df: DataFrame) -> None:
-    from pyspark.sql.utils import is_remote
-
-    if is_remote() or not hasattr(df, "sparkSession") or \
-            getattr(df.sparkSession, "_sc", None) is None:
-        raise InvalidArgumentError(
-            "sparkdl needs a classic SparkSession with a SparkContext (it runs RDD jobs and "
-            "broadcasts); Spark Connect sessions are not supported. Create the session with "
-            "SparkSession.builder.master(...) instead of .remote(...).")
 
 
 def _torch_optimizer(name: str, params: Any, lr: float, momentum: float,
@@ -121,7 +114,6 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
 
     def _fit(self, dataset: DataFrame) -> Any:
         validate_params(self)
-        _check_not_connect(dataset)
         if self.criterion is None:
             raise InvalidArgumentError(f"{type(self).__name__} has no criterion: pass "
                                        "criterion=torch.nn.CrossEntropyLoss() or another loss.")
@@ -145,8 +137,12 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
                 raise InvalidArgumentError(
                     f"The initialModel of {type(self).__name__} does not fit its model: "
                     f"{str(exc).splitlines()[0]} ...") from exc
-        sc = dataset.sparkSession.sparkContext
-        workers = get("numTrainWorkers") or sc.defaultParallelism
+        spark = dataset.sparkSession
+        connect = is_connect_session(spark)
+        if connect:   # before any cluster work: can the weights travel?
+            check_exchange(ParamLayout(model).size * ParamLayout(model).numpy_dtype.itemsize,
+                           get("exchangeDir"))
+        workers = get("numTrainWorkers") or default_parallelism(spark)
         shape = get("featureShape")
         train_df, val_df = dataset, None
         if indicator:
@@ -155,14 +151,19 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
             train_df = dataset.filter(~F.col(indicator))
             val_df = dataset.filter(F.col(indicator))
         float_dtype = numpy_float_dtype(model)
-        train_rdd = to_blocks(train_df, sources, label_col, self._classifier, shape,
-                              self.preprocess, workers, float_dtype, weight_col)
+
+        def blocks(df: DataFrame) -> Any:   # an RDD on classic sessions, DataFrames on Connect
+            data = frame_blocks(df, sources, label_col, self._classifier, shape,
+                                self.preprocess, workers, float_dtype, weight_col)
+            return data if connect else data.to_rdd()
+
+        train_data = blocks(train_df)
         params = model.parameters()
         optimizer = (self.optimizer_factory(params) if self.optimizer_factory else
                      _torch_optimizer(get("optimizer"), params, get("learningRate"),
                                       get("momentum"), get("weightDecay")))
         scheduler = self.lr_scheduler(optimizer) if self.lr_scheduler is not None else None
-        engine = DistriOptimizer(model, train_rdd, self.criterion, optimizer,
+        engine = DistriOptimizer(model, train_data, self.criterion, optimizer,
                                  batch_size=get("batchSize"), end_trigger=end_trigger(self),
                                  lr_scheduler=scheduler,
                                  seed=get("seed"), micro_batch_size=get("microBatchSize") or None,
@@ -170,12 +171,11 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
                                  device=get("device"), precision=get("precision"),
                                  train_transform=self.augment,
                                  padding_value=get("paddingValue"), collate=self.collate,
-                                 sample_weights=bool(weight_col))
+                                 sample_weights=bool(weight_col),
+                                 exchange_dir=get("exchangeDir") or None)
         if get("tensorboardDir"):
             engine.set_tensorboard(get("tensorboardDir"))
-        configure_engine(self, engine, None if val_df is None else to_blocks(
-            val_df, sources, label_col, self._classifier, shape, self.preprocess, workers,
-            float_dtype, weight_col))
+        configure_engine(self, engine, None if val_df is None else blocks(val_df))
         try:
             trained = engine.optimize()
         except (TrainingDataError, ModelCriterionMismatchError) as exc:
@@ -293,7 +293,6 @@ class _NNModelBase(Model, MLWritable, MLReadable):
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
         validate_params(self)
-        _check_not_connect(dataset)
         from pyspark.ml.functions import array_to_vector
         from pyspark.sql import functions as F
 
@@ -304,7 +303,8 @@ class _NNModelBase(Model, MLWritable, MLReadable):
         udf = predict_column(self.module, sources, get("featureShape"), self.preprocess,
                              get("inferenceBatchSize"), self._classifier, single,
                              get("device"), get("precision"), int(self.output_size or 1),
-                             get("paddingValue"), self.collate)
+                             get("paddingValue"), self.collate,
+                             self._model_exchange(dataset.sparkSession))
         float_type = "double" if numpy_float_dtype(self.module) == np.float64 else "float"
         tmp = "_sparkdl_output"
         out = dataset.withColumn(tmp, udf(*input_expressions(sources, float_type)))
@@ -322,6 +322,16 @@ class _NNModelBase(Model, MLWritable, MLReadable):
 
     def _single_output(self) -> bool:
         return False
+
+    def _model_exchange(self, spark: Any) -> str | None:
+        """Under Spark Connect, where a model too large for a job's function travels
+        (``exchangeDir``; an error before any cluster work when it is needed and not set)."""
+        if not is_connect_session(spark):
+            return None
+        assert self.module is not None
+        layout = ParamLayout(self.module)
+        check_exchange(layout.size * layout.numpy_dtype.itemsize, self.getOrDefault("exchangeDir"))
+        return self.getOrDefault("exchangeDir") or None
 
     def write(self) -> Any:
         return NNModelWriter(self)

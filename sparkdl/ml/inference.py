@@ -19,6 +19,7 @@ from ..data.ragged import Ragged, model_arguments
 from ..executor.devices import task_device
 from ..executor.step import as_model_input, autocast, set_task_threads
 from ..executor.worker_cache import WorkerCache
+from ..transport.exchange import Exchange, Payload
 
 __all__ = ["predict_column"]
 
@@ -34,11 +35,11 @@ def _unpickled_for_inference(payload: bytes) -> torch.nn.Module:
     return model
 
 
-def _cached_model(key: str, payload: bytes, device: str) -> torch.nn.Module:
+def _cached_model(key: str, payload: Payload, device: str) -> torch.nn.Module:
     """This worker's copy of the model on ``device`` (one per device: a reused worker may be
     given another GPU in a later task)."""
     return _MODELS.get_or_create((key, device),
-                                 lambda: _unpickled_for_inference(payload).to(device))
+                                 lambda: _unpickled_for_inference(payload.read()).to(device))
 
 
 def _outputs(model: torch.nn.Module, xs: Sequence[Any], batch_size: int,
@@ -74,19 +75,23 @@ def predict_column(model: torch.nn.Module, sources: Sequence[FeatureSource],
                    preprocess: Callable[[np.ndarray], np.ndarray] | None, batch_size: int,
                    classifier: bool, single_output: bool, device: str = "auto",
                    precision: str = "32", width: int = 1, padding_value: float = 0.0,
-                   collate: Any = None) -> Any:
+                   collate: Any = None, exchange_dir: str | None = None) -> Any:
     """An Arrow UDF mapping the input columns (``input_expressions(sources)``) to the model's
     outputs (``width`` values per row).
 
     Classifier: ``struct<raw: array<double>, probability: array<double>, prediction: double>``;
     one output per row is a logit (probability ``sigmoid``), several are softmaxed.
     Otherwise: ``double`` when the model has one output per row, else ``array<double>``.
+    With ``exchange_dir`` (Spark Connect) a model above the closure limit reaches the tasks as
+    a file there (:mod:`sparkdl.transport.exchange`), not inside the UDF; the file stays for
+    the lazy DataFrame's later evaluations.
     """
     from pyspark import cloudpickle
     from pyspark.sql.functions import arrow_udf
 
-    payload = cloudpickle.dumps(model)
-    key = hashlib.sha1(payload).hexdigest()
+    pickled = cloudpickle.dumps(model)
+    key = hashlib.sha1(pickled).hexdigest()
+    payload = Exchange(exchange_dir, f"model-{key}").ship(pickled, "model")
     shape = list(feature_shape)
     sources = list(sources)
     float_dtype = numpy_float_dtype(model)
@@ -97,7 +102,7 @@ def predict_column(model: torch.nn.Module, sources: Sequence[FeatureSource],
 
     def predict(batches: Iterator[Tuple[pa.Array, ...]]) -> Iterator[pa.Array]:
         target = task_device(device).device
-        net = _cached_model(key, payload, target)
+        net = _cached_model(key, payload, target)   # payload.read(): once per worker
         for columns in batches:
             columns = columns if isinstance(columns, tuple) else (columns,)
             xs = arrow_inputs(columns, sources, shape, preprocess, float_dtype)

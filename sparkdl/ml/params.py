@@ -57,6 +57,11 @@ _OWN_PARAMS: dict[str, tuple[Any, str]] = {
     "checkpointDir": (TypeConverters.toString,
                       "write the whole training state here after every epoch and resume from "
                       "the newest checkpoint found there (any Hadoop path; \"\": off)"),
+    "exchangeDir": (TypeConverters.toString,
+                    "Spark Connect only: a directory this client writes and every executor "
+                    "reads under the same name (a shared mount, s3://, gs://, abfs://, hdfs://), "
+                    "through which the weights of models above 8 MiB travel each iteration "
+                    "(\"\": weights ride inside the jobs' functions, which Connect limits)"),
     "gradientClipNorm": (TypeConverters.toFloat,
                          "clip the union batch's gradient to this total L2 norm before every "
                          "step (0: off)"),
@@ -95,7 +100,7 @@ class NNParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasBatchSize, HasL
                          tensorboardDir="", device="auto", precision="32",
                          checkpointDir="", gradientClipNorm=0.0, earlyStoppingPatience=0,
                          restoreBest=True, validationMetrics=[], sequenceCols=[],
-                         paddingValue=0.0, weightCol="")
+                         paddingValue=0.0, weightCol="", exchangeDir="")
 
     def setParams(self, **params: Any) -> "NNParams":
         """Set any Params by name, e.g. ``setParams(batchSize=64, maxEpoch=3)``."""

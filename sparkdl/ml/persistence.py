@@ -5,6 +5,13 @@ factory, criterion, preprocessing function, optimizer factory and augmentation, 
 saves its Params, ``weights.pt`` (a plain ``torch.save`` of the state_dict, loadable without
 Spark: ``torch.load(path + "/weights.pt", weights_only=True)``), ``module.pkl`` (the
 architecture) and its per-epoch summary. Loading checks that the saved class is the one asked for.
+
+The metadata is written by Spark (a DataFrame write, so on the cluster's file system); the other
+files through the JVM's Hadoop FileSystem on a classic session and through ``pyarrow.fs`` under
+Spark Connect, where the client has no JVM (:mod:`sparkdl.storage.file_systems`): there the path
+must name the same place for the client and the cluster (a local path with a local server, a
+shared mount, ``s3://``, ``gs://``, ``abfs://``, ``hdfs://``). Both write the same layout, so a
+stage saved under one loads under the other.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import torch
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
 
 from ..errors import InvalidArgumentError
-from ..storage.hadoop_files import read_bytes, write_bytes
+from ..storage.file_systems import files_for_session, is_connect_session
 
 __all__ = ["NNStageWriter", "NNStageReader", "NNModelWriter", "NNModelReader"]
 
@@ -36,8 +43,8 @@ def _current_name(qualname: str) -> str:
     return f"{_RENAMED_MODULES.get(module, module)}.{name}"
 
 
-def _load_metadata(path: str, sc: Any, cls: type) -> dict[str, Any]:
-    metadata = DefaultParamsReader.loadMetadata(path, sc)
+def _load_metadata(path: str, spark: Any, cls: type) -> dict[str, Any]:
+    metadata = DefaultParamsReader.loadMetadata(path, spark)
     if _current_name(metadata["class"]) != _qualname(cls):
         raise InvalidArgumentError(f"{path} holds a {metadata['class']}, not a "
                                    f"{_qualname(cls)}; load it with that class.")
@@ -51,6 +58,16 @@ class _StageWriter(MLWriter):
         super().__init__()
         self.instance = instance
 
+    @property
+    def files(self) -> Any:
+        return files_for_session(self.sparkSession)
+
+    def _handleOverwrite(self, path: str) -> None:
+        if is_connect_session(self.sparkSession):   # Spark's own way goes through py4j
+            self.files.delete_tree(path)
+        else:
+            super()._handleOverwrite(path)
+
 
 class _StageReader(MLReader):
     """An MLReader that builds instances of one class."""
@@ -59,6 +76,10 @@ class _StageReader(MLReader):
         super().__init__()
         self.cls = cls
 
+    @property
+    def files(self) -> Any:
+        return files_for_session(self.sparkSession)
+
 
 class NNStageWriter(_StageWriter):
     """Writes an unfitted estimator."""
@@ -66,7 +87,7 @@ class NNStageWriter(_StageWriter):
     def saveImpl(self, path: str) -> None:
         from pyspark import cloudpickle
 
-        DefaultParamsWriter.saveMetadata(self.instance, path, self.sc)
+        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession)
         objects = {"model": self.instance.model_spec, "criterion": self.instance.criterion,
                    "preprocess": self.instance.preprocess,
                    "optimizer_factory": self.instance.optimizer_factory,
@@ -74,18 +95,18 @@ class NNStageWriter(_StageWriter):
                    "lr_scheduler": self.instance.lr_scheduler,
                    "initial_weights": self.instance.initial_weights,
                    "collate": self.instance.collate}
-        write_bytes(self.sc, path, cloudpickle.dumps(objects), "objects.pkl")
+        self.files.write(path, "objects.pkl", cloudpickle.dumps(objects))
 
 
 class NNStageReader(_StageReader):
     """Reads an estimator written by :class:`NNStageWriter`."""
 
     def load(self, path: str) -> Any:
-        metadata = _load_metadata(path, self.sc, self.cls)
+        metadata = _load_metadata(path, self.sparkSession, self.cls)
         instance = self.cls()
         DefaultParamsReader.getAndSetParams(instance, metadata)
         instance._resetUid(metadata["uid"])
-        objects = pickle.loads(read_bytes(self.sc, path, "objects.pkl"))
+        objects = pickle.loads(self.files.read(path, "objects.pkl"))
         instance._set_objects(objects["model"], objects["criterion"], objects["preprocess"],
                               objects["optimizer_factory"], objects.get("augment"),
                               objects.get("lr_scheduler"), objects.get("initial_weights"),
@@ -102,14 +123,14 @@ class NNModelWriter(_StageWriter):
         frame = self.instance.summary_frame
         extra = {"output_size": int(getattr(self.instance, "output_size", 0) or 0),
                  "summary": frame.to_dict(orient="records") if frame is not None else []}
-        DefaultParamsWriter.saveMetadata(self.instance, path, self.sc, extraMetadata=extra)
+        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession,
+                                          extraMetadata=extra)
         buf = io.BytesIO()
         torch.save(self.instance.module.state_dict(), buf)
-        write_bytes(self.sc, path, buf.getvalue(), "weights.pt")
-        write_bytes(self.sc, path, cloudpickle.dumps({"module": self.instance.module,
-                                                      "preprocess": self.instance.preprocess,
-                                                      "collate": self.instance.collate}),
-                    "module.pkl")
+        self.files.write(path, "weights.pt", buf.getvalue())
+        self.files.write(path, "module.pkl", cloudpickle.dumps(
+            {"module": self.instance.module, "preprocess": self.instance.preprocess,
+             "collate": self.instance.collate}))
 
 
 class NNModelReader(_StageReader):
@@ -131,7 +152,7 @@ class NNModelReader(_StageReader):
 
     def _architecture(self, path: str) -> tuple[Any, Any, Any]:
         if self.model_factory is None:
-            objects = pickle.loads(read_bytes(self.sc, path, "module.pkl"))
+            objects = pickle.loads(self.files.read(path, "module.pkl"))
             return objects["module"], objects["preprocess"], objects.get("collate")
         module = self.model_factory()
         if not isinstance(module, torch.nn.Module):
@@ -143,9 +164,9 @@ class NNModelReader(_StageReader):
     def load(self, path: str) -> Any:
         import pandas as pd
 
-        metadata = _load_metadata(path, self.sc, self.cls)
+        metadata = _load_metadata(path, self.sparkSession, self.cls)
         module, preprocess, collate = self._architecture(path)
-        state = torch.load(io.BytesIO(read_bytes(self.sc, path, "weights.pt")), weights_only=True)
+        state = torch.load(io.BytesIO(self.files.read(path, "weights.pt")), weights_only=True)
         module.load_state_dict(state)
         instance = self.cls(module, preprocess, collate)
         DefaultParamsReader.getAndSetParams(instance, metadata)

@@ -45,7 +45,8 @@ from ..executor.shard_store import ShardSummary
 from ..executor.tasks import CleanupTask, ShardBuildTask
 from ..transport.allreduce import with_resources
 
-__all__ = ["CachedData", "clean_workers", "lost_data_reason", "memory_kill_reason", "shard_place"]
+__all__ = ["CachedData", "check_unchanged", "clean_workers", "lost_data_reason", "memory_kill_reason",
+           "shard_place"]
 
 _LOST_DATA_MARKERS = ("Checkpoint block", "ExecutorLostFailure", "FetchFailed")
 _MEMORY_KILL_MARKERS = ("exceeding memory limits", "exceeding physical memory",
@@ -86,7 +87,7 @@ def _rows(rows: Any) -> Any:
     return rows
 
 
-def _check_unchanged(name: str, old: ShardSummary, new: ShardSummary) -> None:
+def check_unchanged(name: str, old: ShardSummary, new: ShardSummary) -> None:
     """A rebuilt shard must hold the samples the batch plan was made for."""
     if old.error is not None or new.error is not None or \
             (old.count, old.content_hash) == (new.count, new.content_hash):
@@ -157,7 +158,7 @@ class CachedData:
         self.build()
         self.shards_rebuilt += len(self.summaries)
         for old, new in zip(before, self.summaries):
-            _check_unchanged(self.name, old, new)
+            check_unchanged(self.name, old, new)
 
     def fill(self, partitions: list[int], task: Any, resources: Any = None) -> list[Any]:
         """Run ``task`` (a :class:`~sparkdl.executor.tasks.FillTask`) over ``partitions`` of the
@@ -169,7 +170,7 @@ class CachedData:
         rows = self.rdd.context.runJob(rdd, _rows, sorted(partitions))
         self.shards_rebuilt += len(rows)
         for summary, _ in rows:
-            _check_unchanged(self.name, self.summaries[summary.partition], summary)
+            check_unchanged(self.name, self.summaries[summary.partition], summary)
             if summary.error is not None:
                 raise TrainingDataError(f"Partition {summary.partition} of the {self.name} RDD "
                                         f"failed when its shard was rebuilt: {summary.error}")

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
-from .hadoop_files import hadoop_path, java_error_line, read_bytes, write_bytes
+from .file_systems import FileSystemAccess
 
 __all__ = ["CheckpointStore", "FORMAT_VERSION"]
 
@@ -35,51 +35,39 @@ _NAME = re.compile(r"^checkpoint-(\d{10})\.pt$")
 
 
 class CheckpointStore:
-    """A directory of checkpoints on any Hadoop-supported file system.
+    """A directory of checkpoints.
 
     Args:
         path: the directory (created if missing).
-        sc: the active SparkContext (its Hadoop configuration is used).
+        files: how it is reached (:mod:`sparkdl.storage.file_systems`).
     """
 
-    def __init__(self, path: str, sc: Any) -> None:
+    def __init__(self, path: str, files: FileSystemAccess) -> None:
         self.path = path
-        self._sc = sc
-        try:
-            self._fs, self._dir = hadoop_path(sc, path)
-        except Exception as exc:
-            raise CheckpointError(f"The checkpoint path {path!r} cannot be used: "
-                                  f"{java_error_line(exc)}") from exc
+        self._files = files
 
-    def _child(self, name: str) -> Any:
-        return self._sc._jvm.org.apache.hadoop.fs.Path(self._dir, name)
+    def _error(self, exc: BaseException) -> str:
+        return self._files.error_line(exc)
 
     def check_writable(self) -> None:
         """Create the directory and write, then delete, a probe file; raise if that fails."""
         probe = f".probe-{uuid.uuid4().hex}"
         try:
-            self._fs.mkdirs(self._dir)
-            write_bytes(self._sc, self.path, b"sparkdl", probe)
-            self._fs.delete(self._child(probe), False)
+            self._files.mkdirs(self.path)
+            self._files.write(self.path, probe, b"sparkdl")
+            self._files.delete(self.path, probe)
         except Exception as exc:
             raise CheckpointError(f"The checkpoint directory {self.path!r} is not writable: "
-                                  f"{java_error_line(exc)}") from exc
+                                  f"{self._error(exc)}") from exc
 
     def iterations(self) -> list[int]:
         """Iterations of the complete checkpoints in the directory, ascending."""
         try:
-            if not self._fs.exists(self._dir):
-                return []
-            statuses = self._fs.listStatus(self._dir)
+            names = self._files.names(self.path)
         except Exception as exc:
             raise CheckpointError(f"The checkpoint directory {self.path!r} cannot be listed: "
-                                  f"{java_error_line(exc)}") from exc
-        found = []
-        for status in statuses:
-            m = _NAME.match(status.getPath().getName())
-            if m:
-                found.append(int(m.group(1)))
-        return sorted(found)
+                                  f"{self._error(exc)}") from exc
+        return sorted(int(m.group(1)) for m in map(_NAME.match, names) if m)
 
     def file_name(self, iteration: int) -> str:
         return f"{self.path.rstrip('/')}/checkpoint-{iteration:010d}.pt"
@@ -88,30 +76,26 @@ class CheckpointStore:
         """Write ``state`` as the checkpoint of ``iteration``; keep only the newest ``keep_last``."""
         buf = io.BytesIO()
         torch.save(state, buf)
-        final = self._child(f"checkpoint-{iteration:010d}.pt")
+        final = f"checkpoint-{iteration:010d}.pt"
         tmp_name = f".checkpoint-{iteration:010d}-{uuid.uuid4().hex}.tmp"
-        tmp = self._child(tmp_name)
         try:
-            self._fs.mkdirs(self._dir)
-            write_bytes(self._sc, self.path, buf.getvalue(), tmp_name)
-            if self._fs.exists(final):
-                self._fs.delete(final, False)
-            if not self._fs.rename(tmp, final):
-                raise OSError(f"rename to {final.toString()} failed")
+            self._files.mkdirs(self.path)
+            self._files.write(self.path, tmp_name, buf.getvalue())
+            self._files.replace(self.path, tmp_name, final)
         except Exception as exc:
             raise CheckpointError(f"Writing checkpoint {self.file_name(iteration)} failed: "
-                                  f"{java_error_line(exc)}") from exc
+                                  f"{self._error(exc)}") from exc
         for old in self.iterations()[:-keep_last]:
-            self._fs.delete(self._child(f"checkpoint-{old:010d}.pt"), False)
+            self._files.delete(self.path, f"checkpoint-{old:010d}.pt")
         return self.file_name(iteration)
 
     def read(self, iteration: int) -> dict[str, Any]:
         """Load one checkpoint (``weights_only=True``); raise a clear error if it is unusable."""
         name = self.file_name(iteration)
         try:
-            data = read_bytes(self._sc, self.path, f"checkpoint-{iteration:010d}.pt")
+            data = self._files.read(self.path, f"checkpoint-{iteration:010d}.pt")
         except Exception as exc:
-            raise CheckpointError(f"Reading checkpoint {name} failed: {java_error_line(exc)}"
+            raise CheckpointError(f"Reading checkpoint {name} failed: {self._error(exc)}"
                                   ) from exc
         try:
             state = torch.load(io.BytesIO(data), weights_only=True)
@@ -123,4 +107,3 @@ class CheckpointStore:
             raise CheckpointError(f"The checkpoint file {name} is not a sparkdl checkpoint of "
                                   f"format {FORMAT_VERSION}.")
         return state
-

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["hadoop_path", "write_bytes", "read_bytes", "java_error_line"]
+__all__ = ["hadoop_path", "write_bytes", "read_bytes", "java_error_line", "HadoopFiles"]
 
 
 def hadoop_path(sc: Any, path: str, child: str | None = None) -> tuple[Any, Any]:
@@ -56,3 +56,50 @@ def java_error_line(exc: BaseException) -> str:
         if "Exception:" in line:
             return line.strip()
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+class HadoopFiles:
+    """:class:`sparkdl.storage.file_systems.FileSystemAccess` through the JVM's Hadoop
+    FileSystem of a classic SparkContext ``sc`` (any URI the cluster supports)."""
+
+    def __init__(self, sc: Any) -> None:
+        self._sc = sc
+
+    def _path(self, directory: str, name: str | None = None) -> tuple[Any, Any]:
+        return hadoop_path(self._sc, directory, name)
+
+    def mkdirs(self, directory: str) -> None:
+        fs, path = self._path(directory)
+        fs.mkdirs(path)
+
+    def names(self, directory: str) -> list[str]:
+        fs, path = self._path(directory)
+        if not fs.exists(path):
+            return []
+        return [s.getPath().getName() for s in fs.listStatus(path)]
+
+    def write(self, directory: str, name: str, data: bytes) -> None:
+        write_bytes(self._sc, directory, data, name)
+
+    def read(self, directory: str, name: str) -> bytes:
+        return read_bytes(self._sc, directory, name)
+
+    def replace(self, directory: str, source: str, target: str) -> None:
+        fs, src = self._path(directory, source)
+        _, dst = self._path(directory, target)
+        if fs.exists(dst):
+            fs.delete(dst, False)
+        if not fs.rename(src, dst):
+            raise OSError(f"rename to {dst.toString()} failed")
+
+    def delete(self, directory: str, name: str) -> None:
+        fs, path = self._path(directory, name)
+        fs.delete(path, False)
+
+    def delete_tree(self, directory: str) -> None:
+        fs, path = self._path(directory)
+        if fs.exists(path):
+            fs.delete(path, True)
+
+    def error_line(self, exc: BaseException) -> str:
+        return java_error_line(exc)

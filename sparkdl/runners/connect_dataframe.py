@@ -1,0 +1,362 @@
+"""The loop's jobs as DataFrame operations only: the runner for Spark Connect sessions, which
+have no SparkContext, RDDs, broadcasts or py4j (the second :class:`IterationRunner`).
+
+* Data: the build job (``mapInArrow`` over the input rows) turns each partition into a shard in
+  the Python workers (:mod:`sparkdl.executor.shard_store`) and yields one summary row per
+  partition; that result is ``localCheckpoint`` -ed, so later jobs read the tiny index rows from
+  the executors that built the shards, and locality sends task ``i`` there. Workers keep shards
+  best effort only: a task that finds none reports it, and a fill job over exactly those
+  partitions' input rows builds them where it runs and computes the same step
+  (:class:`ConnectData.fill`). Nothing depends on a worker keeping anything.
+* The model and the weights travel inside the tasks' functions while small and through files
+  in ``exchange_dir`` when large (:mod:`sparkdl.transport.exchange`).
+* One iteration: the gradient map over the index rows, then either the client sums the
+  partitions' vectors in partition order (driver path), or ``repartitionById(K, "k")`` brings
+  block ``k`` of every task to partition ``k``, which sums them in partition order (shuffle
+  path): the block-sharded AllReduce of :mod:`sparkdl.transport.allreduce` in DataFrame form.
+  Either way the sum is bitwise the classic runner's.
+
+Example::
+
+    runner = ConnectDataFrameRunner(spark, exchange_dir=None)
+    train = runner.load(frame_blocks(df, ...), "training", "float32")
+    runner.start(ReplicaSpec(net, loss, "mean"), ParamLayout(net), RunnerOptions(), train)
+    result = runner.gradients(train, step, weights)
+    runner.close()
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+import uuid
+from dataclasses import replace
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import InvalidArgumentError, TrainingDataError
+from ..executor.arrow_tasks import (BUILD_SCHEMA, MAP_SCHEMA, REDUCE_SCHEMA, RESULT_SCHEMA,
+                                    ArrowBuildTask, ArrowCleanup, ArrowEvaluate, ArrowFill,
+                                    ArrowGradientMap, ArrowReduce, PayloadValue, join_chunks,
+                                    read_rows)
+from ..executor.replicas import ReplicaSpec
+from ..executor.shard_store import ShardSummary
+from ..executor.step import StepSpec
+from ..executor.tasks import EvaluationTask, GradientTask, ShardBuildTask
+from ..metrics import ValidationMetric
+from ..storage.arrow_files import ArrowFiles
+from ..transport.allreduce import AllReduceResult, block_bounds, choose_allreduce, sum_in_order
+from ..transport.codecs import make_codec
+from ..transport.exchange import Exchange, Payload, check_exchange
+from ..transport.flat_layout import ParamLayout
+from .cached_rdd import check_unchanged, lost_data_reason, memory_kill_reason, shard_place
+from .interface import PartitionMetrics, RunnerOptions
+
+__all__ = ["ConnectData", "ConnectDataFrameRunner"]
+
+log = logging.getLogger(__name__)
+
+
+def _results(table: Any) -> dict[int, tuple[ShardSummary | None, Any]]:
+    """Rows of RESULT_SCHEMA by partition: (summary or None, the unpickled result)."""
+    pieces: dict[int, list[tuple[int, Any]]] = {}
+    summaries: dict[int, Any] = {}
+    for row in read_rows(table):
+        p = int(row["partition"])
+        pieces.setdefault(p, []).append((row["seq"], row["payload"]))
+        if row["summary"] is not None:
+            summaries[p] = pickle.loads(row["summary"])
+    return {p: (summaries.get(p), pickle.loads(join_chunks(c) or b""))
+            for p, c in pieces.items()}
+
+
+class ConnectData:
+    """A DataFrame's rows held as shards in the Python workers, with the checkpointed index
+    rows that carry locality (see the module docstring).
+
+    Args:
+        blocks: :class:`~sparkdl.data.dataframe_arrays.DataFrameBlocks` (never modified).
+        float_dtype, name, place, ragged: as for :class:`~sparkdl.runners.cached_rdd.CachedData`.
+    """
+
+    def __init__(self, blocks: Any, float_dtype: str, name: str, place: str = "disk",
+                 ragged: tuple[int, ...] = ()) -> None:
+        self.blocks = blocks
+        self.float_dtype = float_dtype
+        self.name = name
+        self.place = place
+        self.ragged = tuple(ragged)
+        self.data_key = f"{name}-{uuid.uuid4().hex[:12]}"
+        self.index: Any = None
+        self.summaries: list[ShardSummary] = []
+        self.shards_rebuilt = 0
+        self.placement_misses = 0
+
+    @property
+    def builder(self) -> ShardBuildTask:
+        return ShardBuildTask(self.data_key, self.float_dtype, self.place, self.ragged)
+
+    @property
+    def num_partitions(self) -> int:
+        return int(self.blocks.num_partitions)
+
+    def build(self) -> list[ShardSummary]:
+        """Convert every partition into a shard where its task runs (one job)."""
+        built = self.blocks.selected.mapInArrow(
+            ArrowBuildTask(self.blocks.converter, self.builder), BUILD_SCHEMA)
+        self.index = built.localCheckpoint()
+        self.summaries = sorted((pickle.loads(r["summary"])
+                                 for r in read_rows(self.index.toArrow())),
+                                key=lambda s: s.partition)
+        log.info("%s data: %d samples in %d partitions held as shards in the Python workers",
+                 self.name, sum(s.count for s in self.summaries), len(self.summaries))
+        return self.summaries
+
+    def rebuild(self, reason: str) -> None:
+        """Build all shards and the index again, checking they hold the same samples."""
+        log.warning("%s shards must be rebuilt: %s; rebuilding all %d of them", self.name,
+                    reason, self.num_partitions)
+        before = self.summaries
+        self.build()
+        self.shards_rebuilt += len(self.summaries)
+        for old, new in zip(before, self.summaries):
+            check_unchanged(self.name, old, new)
+
+    def fill(self, partitions: list[int], task: Any) -> dict[int, Any]:
+        """``task.compute`` on ``partitions`` after building their shards where the fill tasks
+        run (one job over those partitions' input rows only); results by partition."""
+        from pyspark.sql import functions as F
+
+        self.placement_misses += len(partitions)
+        wanted = sorted(partitions)
+        source = self.blocks.selected.where(F.spark_partition_id().isin(wanted))
+        fill = ArrowFill(self.blocks.converter, self.builder, task, frozenset(wanted))
+        rows = _results(source.mapInArrow(fill, RESULT_SCHEMA).toArrow())
+        self.shards_rebuilt += len(rows)
+        for p, (summary, _) in rows.items():
+            assert summary is not None
+            check_unchanged(self.name, self.summaries[p], summary)
+            if summary.error is not None:
+                raise TrainingDataError(f"Partition {p} of the {self.name} data failed when "
+                                        f"its shard was rebuilt: {summary.error}")
+        log.info("%s partitions %s ran where their shard was not; built those %d shards where "
+                 "their tasks ran (%d shards rebuilt so far)", self.name, wanted, len(rows),
+                 self.shards_rebuilt)
+        return {p: result for p, (_, result) in rows.items()}
+
+
+class ConnectDataFrameRunner:
+    """DataFrame jobs on a Spark Connect (or classic) session (see the module docstring).
+
+    Args:
+        spark: the session.
+        exchange_dir: where large weights travel (required for models above
+            :data:`~sparkdl.transport.exchange.CLOSURE_MAX_BYTES`).
+    """
+
+    spark_context = None
+
+    def __init__(self, spark: Any, exchange_dir: str | None = None) -> None:
+        self.spark = spark
+        self.files = ArrowFiles()
+        self.run_key = f"run-{uuid.uuid4().hex[:12]}"
+        self.exchange_dir = exchange_dir
+        self._exchange = Exchange(exchange_dir, self.run_key)
+        self._held: list[ConnectData] = []
+        self._spec: Payload | None = None
+        self._options = RunnerOptions()
+        self._bounds = np.zeros(2, dtype=np.int64)
+        self._codec: Any = None
+        self._size = 0
+        self._dtype = np.dtype(np.float32)
+        self._driver_sum = True
+
+    def _conf(self, key: str, default: str = "") -> str:
+        try:
+            return str(self.spark.conf.get(key, default) or default)
+        except Exception:
+            return default
+
+    def check_device(self, device: str) -> None:
+        if device != "cuda":
+            return
+        try:
+            gpus = float(self._conf("spark.task.resource.gpu.amount", "0"))
+        except ValueError:
+            gpus = 0.0
+        if gpus <= 0:
+            raise InvalidArgumentError(
+                "device='cuda' under Spark Connect needs GPUs scheduled to every task: set "
+                "spark.executor.resource.gpu.amount and spark.task.resource.gpu.amount on the "
+                "cluster (a Connect session cannot ask for them per stage); device='auto' uses a "
+                "GPU where a task has one and the CPU otherwise.")
+
+    def load(self, data: Any, name: str, float_dtype: str,
+             ragged: tuple[int, ...] = ()) -> ConnectData:
+        place = shard_place({"spark.io.encryption.enabled":
+                             self._conf("spark.io.encryption.enabled", "false")})
+        held = ConnectData(data, float_dtype, name, place, ragged)
+        self._held.append(held)
+        held.build()
+        return held
+
+    def start(self, spec: ReplicaSpec, layout: ParamLayout, options: RunnerOptions,
+              train: ConnectData) -> str:
+        from pyspark import cloudpickle
+
+        state_bytes = layout.size * layout.numpy_dtype.itemsize
+        check_exchange(state_bytes, self.exchange_dir)
+        self._spec = self._exchange.ship(cloudpickle.dumps(spec), "model")
+        self._options = options
+        self._size, self._dtype = layout.size, layout.numpy_dtype
+        path = options.allreduce
+        if path == "auto":
+            path = choose_allreduce(state_bytes, train.num_partitions)
+        self._driver_sum = path == "driver"
+        blocks = 1 if self._driver_sum else (options.num_blocks or train.num_partitions)
+        self._bounds = block_bounds(layout.size, blocks)
+        self._codec = make_codec(options.compression, layout.numpy_dtype,
+                                 layout.num_param_values)
+        how = ("the client sums the vectors" if self._driver_sum else
+               f"repartitionById all-reduce in {len(self._bounds) - 1} blocks")
+        via = ("through files in the exchange directory" if self._exchange.by_file(state_bytes)
+               else "inside the tasks' functions")
+        return (f"DataFrame jobs (Spark Connect), {how} of {layout.size} values, weights "
+                f"{via}" + (f" (gradients in {options.compression})"
+                            if options.compression else ""))
+
+    # ------------------------------------------------------------------ one iteration
+    def _map(self, data: ConnectData, task: GradientTask) -> Any:
+        return data.index.mapInArrow(ArrowGradientMap(task, self._bounds, self._codec),
+                                     MAP_SCHEMA)
+
+    def _driver_job(self, data: ConnectData, task: GradientTask
+                    ) -> tuple[AllReduceResult, dict[int, Any]]:
+        submitted_at = time.time()
+        table = self._map(data, task).toArrow()
+        returned_at, t0 = time.time(), time.perf_counter()
+        pieces: dict[int, list[tuple[int, Any]]] = {}
+        reports = []
+        for row in read_rows(table):
+            pieces.setdefault(int(row["partition"]), []).append((row["seq"], row["payload"]))
+            if row["report"] is not None:
+                reports.append(pickle.loads(row["report"]))
+        parts = {p: join_chunks(c) for p, c in pieces.items()}
+        vector = sum_in_order(parts.items(), self._codec, 0, self._size)
+        return (AllReduceResult(vector, reduce_s=time.perf_counter() - t0,
+                                reports=sorted(reports, key=lambda r: r.partition),
+                                submitted_at=submitted_at, returned_at=returned_at), parts)
+
+    def _shuffle_job(self, data: ConnectData, task: GradientTask) -> AllReduceResult:
+        blocks = len(self._bounds) - 1
+        submitted_at = time.time()
+        reduced = self._map(data, task).repartitionById(blocks, "k").mapInArrow(
+            ArrowReduce(self._bounds, self._codec), REDUCE_SCHEMA)
+        table = reduced.toArrow()
+        result = AllReduceResult(np.empty(self._size, dtype=self._dtype),
+                                 submitted_at=submitted_at, returned_at=time.time())
+        pieces: dict[int, list[tuple[int, Any]]] = {}
+        for row in read_rows(table):
+            pieces.setdefault(int(row["k"]), []).append((row["seq"], row["payload"]))
+            if row["info"] is not None:
+                reports, seconds, started, finished = pickle.loads(row["info"])
+                result.reports.extend(reports)
+                result.reduce_s = max(result.reduce_s, seconds)
+                result.reduce_started_at = max(result.reduce_started_at, started)
+                result.reduce_finished_at = max(result.reduce_finished_at, finished)
+        for k, c in pieces.items():
+            payload = join_chunks(c)
+            if payload is None:
+                result.vector = None
+            elif result.vector is not None:
+                lo, hi = int(self._bounds[k]), int(self._bounds[k + 1])
+                result.vector[lo:hi] = np.frombuffer(payload, dtype=self._dtype)
+        result.reports.sort(key=lambda r: r.partition)
+        return result
+
+    def gradients(self, data: ConnectData, step: StepSpec, weights: np.ndarray
+                  ) -> AllReduceResult:
+        assert self._spec is not None
+        t0 = time.perf_counter()
+        shipped = [self._exchange.ship(np.ascontiguousarray(weights).tobytes(),
+                                       f"weights-{step.iteration}")]
+        broadcast_s = time.perf_counter() - t0
+        task = GradientTask(self.run_key, data.data_key, step, PayloadValue(self._spec),
+                            PayloadValue(shipped[0], "array", weights.dtype.str))
+        filled: dict[int, Any] = {}
+        try:
+            for _ in range(data.num_partitions + 1):
+                if self._driver_sum:
+                    result, parts = self._driver_job(data, task)
+                else:
+                    result, parts = self._shuffle_job(data, task), {}
+                missing = [p for p in result.missing_partitions if p not in filled]
+                if not missing:
+                    break
+                filled.update(data.fill(missing, task))
+                if self._driver_sum:   # complete the sum here, still in partition order
+                    result = self._completed(result, parts, filled)
+                    if not result.missing_partitions:
+                        break
+                shipped.append(self._exchange.ship(pickle.dumps(filled), "filled"))
+                task = replace(task, filled=PayloadValue(shipped[-1], "pickle"))
+        finally:
+            for payload in shipped:
+                self._exchange.discard(payload)
+        result.broadcast_s = broadcast_s
+        return result
+
+    def _completed(self, result: AllReduceResult, parts: dict[int, Any],
+                   filled: dict[int, Any]) -> AllReduceResult:
+        t0 = time.perf_counter()
+        reports = {r.partition: r for r in result.reports}
+        for p, (vector, report) in filled.items():
+            parts[p] = None if vector is None else self._codec.encode(vector, 0)
+            reports[p] = report
+        return AllReduceResult(sum_in_order(parts.items(), self._codec, 0, self._size),
+                               reduce_s=result.reduce_s + time.perf_counter() - t0,
+                               reports=sorted(reports.values(), key=lambda r: r.partition),
+                               submitted_at=result.submitted_at,
+                               returned_at=result.returned_at)
+
+    def evaluate(self, data: ConnectData, weights: np.ndarray,
+                 metrics: Sequence[ValidationMetric], batch_size: int
+                 ) -> list[PartitionMetrics]:
+        assert self._spec is not None
+        payload = self._exchange.ship(np.ascontiguousarray(weights).tobytes(), "weights-eval")
+        try:
+            task = EvaluationTask(self.run_key, data.data_key, PayloadValue(self._spec),
+                                  PayloadValue(payload, "array", weights.dtype.str), list(metrics),
+                                  batch_size, self._options.device, self._options.precision)
+            rows = {p: result for p, (_, result) in _results(data.index.mapInArrow(
+                ArrowEvaluate(task), RESULT_SCHEMA).toArrow()).items()}
+            missing = [p for p, (_, sums, _) in rows.items()
+                       if sums is None and data.summaries[p].count > 0]
+            if missing:
+                rows.update(data.fill(missing, task))
+        finally:
+            self._exchange.discard(payload)
+        return [PartitionMetrics(p, sums, n) for p, sums, n in (rows[q] for q in sorted(rows))]
+
+    def lost_data_reason(self, exc: BaseException) -> str | None:
+        return lost_data_reason(exc)
+
+    def memory_kill_reason(self, exc: BaseException) -> str | None:
+        return memory_kill_reason(exc)
+
+    def rebuild(self, data: ConnectData, reason: str) -> None:
+        data.rebuild(reason)
+
+    def close(self) -> None:
+        keys = [self.run_key] + [d.data_key for d in self._held]
+        try:
+            width = max(4, 2 * max((d.num_partitions for d in self._held), default=2))
+            self.spark.range(0, width, 1, width).mapInArrow(ArrowCleanup(keys),
+                                                            "one long").collect()
+        except Exception as exc:   # cleanup must never hide the training result
+            log.debug("cleanup of %s in the Python workers failed: %s", keys, exc)
+        self._exchange.close()
+        self._held = []
+        self._spec = None

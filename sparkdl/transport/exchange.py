@@ -1,0 +1,115 @@
+"""How the DataFrame runner ships bytes from the driver to its tasks: inside the task's
+function while small, through a file in the exchange directory when large (Spark Connect has
+no broadcast; a UDF's closure travels in the query plan, over gRPC, and is copied several
+times in the server's heap).
+
+The limit, :data:`CLOSURE_MAX_BYTES`, was measured with ``python bench/connect_closure.py``
+(bench/RESULTS.md): on a local Connect server one job cost 0.29 s with a 1 MiB closure, 0.37 s
+with 4 MiB, 0.43 s with 16 MiB, and a 48 MiB closure ran the server's default 1 GiB heap out of
+memory in task serialization. Above the limit a run needs ``exchangeDir``: a directory that the
+client writes and every executor reads under the same name (:mod:`sparkdl.storage.arrow_files`).
+
+Example::
+
+    exchange = Exchange("/mnt/shared/sparkdl", run_key)        # driver
+    payload = exchange.ship(weights.tobytes(), "weights-7")      # inline or a file
+    data = payload.read()                                        # in a task
+    exchange.close()                                             # deletes the run's files
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import uuid
+from dataclasses import dataclass
+
+from ..errors import InvalidArgumentError
+from ..executor.worker_cache import WorkerCache
+from ..storage.arrow_files import ArrowFiles
+
+__all__ = ["CLOSURE_MAX_BYTES", "Payload", "Exchange", "check_exchange"]
+
+log = logging.getLogger(__name__)
+
+CLOSURE_MAX_BYTES = 8 << 20
+"""Largest model state (parameters and buffers) shipped inside the tasks' functions; above it
+the weights and the model travel through files in ``exchangeDir`` (see the module docstring)."""
+
+_READ: WorkerCache[bytes] = WorkerCache(capacity=4, freeze=False)
+"""Payloads this Python worker read from the exchange directory, by key (executor side)."""
+
+
+@dataclass(frozen=True)
+class Payload:
+    """Bytes for the tasks: ``inline``, or the file ``name`` in ``directory``."""
+
+    key: str
+    inline: bytes | None = None
+    directory: str | None = None
+    name: str | None = None
+
+    def read(self) -> bytes:
+        """The bytes (a file is read once per Python worker)."""
+        if self.inline is not None:
+            return self.inline
+        assert self.directory is not None and self.name is not None
+        directory, name = self.directory, self.name
+        return _READ.get_or_create(self.key, lambda: ArrowFiles().read(directory, name))
+
+
+def check_exchange(state_bytes: int, directory: str | None, owner: str = "exchangeDir") -> None:
+    """Raise before any cluster work when a model of ``state_bytes`` needs an exchange
+    directory and none was given."""
+    if state_bytes > CLOSURE_MAX_BYTES and not directory:
+        raise InvalidArgumentError(
+            f"The model's weights take {state_bytes / 2**20:.1f} MiB, more than the "
+            f"{CLOSURE_MAX_BYTES >> 20} MiB that Spark Connect jobs can carry in their functions: "
+            f"set {owner} to a directory that this client writes and every executor reads under "
+            "the same name (a shared mount, s3://, gs://, abfs://, hdfs://), through which the "
+            "weights then travel.")
+
+
+class Exchange:
+    """The driver side: ships bytes inline up to ``limit`` (default :data:`CLOSURE_MAX_BYTES`),
+    through files under ``directory/<run key>`` above it."""
+
+    def __init__(self, directory: str | None, run_key: str, limit: int = CLOSURE_MAX_BYTES
+                 ) -> None:
+        self.directory = (f"{directory.rstrip('/')}/{run_key}" if directory else None)
+        self.limit = limit
+        self._files = ArrowFiles()
+        self._written: list[str] = []
+
+    def by_file(self, size: int) -> bool:
+        return self.directory is not None and size > self.limit
+
+    def ship(self, data: bytes, name: str) -> Payload:
+        """``data`` as a :class:`Payload` (unique key: content hash plus a random suffix)."""
+        key = f"{hashlib.sha1(data).hexdigest()}-{uuid.uuid4().hex[:8]}"
+        if not self.by_file(len(data)):
+            return Payload(key, inline=data)
+        assert self.directory is not None
+        file_name = f"{name}-{uuid.uuid4().hex[:8]}.bin"
+        self._files.write(self.directory, file_name, data)
+        self._written.append(file_name)
+        return Payload(key, directory=self.directory, name=file_name)
+
+    def discard(self, payload: Payload) -> None:
+        """Delete ``payload``'s file (once its job has ended)."""
+        if payload.name is None or payload.name not in self._written:
+            return
+        try:
+            self._files.delete(self.directory or "", payload.name)
+        except OSError as exc:
+            log.debug("could not delete %s: %s", payload.name, exc)
+        self._written.remove(payload.name)
+
+    def close(self) -> None:
+        """Delete the run's directory (best effort)."""
+        if self.directory is None:
+            return
+        try:
+            self._files.delete_tree(self.directory)
+        except OSError as exc:
+            log.warning("could not delete the exchange directory %s: %s", self.directory, exc)
