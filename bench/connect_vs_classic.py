@@ -70,7 +70,7 @@ def run_side(spark, data, connect, warmup, timed):
                               seed=0, progress_bar=False)
         opt.optimize()
         walls = [r.wall_s for r in opt.summary.iterations[warmup:]]
-        digest = float(sum(p.double().sum() for p in net.parameters()))
+        digest = float(sum(p.detach().double().sum() for p in net.parameters()))
         out[name] = (statistics.median(walls), repr(digest))
     return out
 

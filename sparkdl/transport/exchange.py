@@ -3,11 +3,16 @@ function while small, through a file in the exchange directory when large (Spark
 no broadcast; a UDF's closure travels in the query plan, over gRPC, and is copied several
 times in the server's heap).
 
-The limit, :data:`CLOSURE_MAX_BYTES`, was measured with ``python bench/connect_closure.py``
-(bench/RESULTS.md): on a local Connect server one job cost 0.29 s with a 1 MiB closure, 0.37 s
-with 4 MiB, 0.43 s with 16 MiB, and a 48 MiB closure ran the server's default 1 GiB heap out of
-memory in task serialization. Above the limit a run needs ``exchangeDir``: a directory that the
-client writes and every executor reads under the same name (:mod:`sparkdl.storage.arrow_files`).
+Measured with ``python bench/connect_closure.py`` (bench/RESULTS.md; a local[2] Connect server
+with the default 1 GiB heap, 4 tasks per job): a job cost 0.63 s with 1 MiB in its closure,
+1.19 s with 4 MiB and 1.95 s with 16 MiB, against 0.88, 0.78 and 0.51 s with the bytes in a file;
+a 32 MiB closure ran the server out of heap and killed it. A gradient job's closure holds the
+weights and the pickled model, about twice the weights. Hence two limits: with ``exchangeDir``
+set, anything above :data:`FILE_ABOVE_BYTES` travels as a file (past the crossover); without
+it, models up to :data:`CLOSURE_MAX_BYTES` of weights still ride in the closure (about 16 MiB,
+the largest size that stayed safe), and above that ``exchangeDir`` is required: a directory
+that the client writes and every executor reads under the same name
+(:mod:`sparkdl.storage.arrow_files`).
 
 Example::
 
@@ -28,13 +33,17 @@ from ..errors import InvalidArgumentError
 from ..executor.worker_cache import WorkerCache
 from ..storage.arrow_files import ArrowFiles
 
-__all__ = ["CLOSURE_MAX_BYTES", "Payload", "Exchange", "check_exchange"]
+__all__ = ["CLOSURE_MAX_BYTES", "FILE_ABOVE_BYTES", "Payload", "Exchange", "check_exchange"]
 
 log = logging.getLogger(__name__)
 
 CLOSURE_MAX_BYTES = 8 << 20
-"""Largest model state (parameters and buffers) shipped inside the tasks' functions; above it
-the weights and the model travel through files in ``exchangeDir`` (see the module docstring)."""
+"""Largest model state (parameters and buffers) shipped inside the tasks' functions when no
+``exchangeDir`` is set; above it one is required (see the module docstring)."""
+
+FILE_ABOVE_BYTES = 2 << 20
+"""With an exchange directory, payloads above this size travel as files (the measured
+crossover is between 1 and 4 MiB of closure, which holds about two payloads)."""
 
 _READ: WorkerCache[bytes] = WorkerCache(capacity=4, freeze=False)
 """Payloads this Python worker read from the exchange directory, by key (executor side)."""
@@ -71,10 +80,10 @@ def check_exchange(state_bytes: int, directory: str | None, owner: str = "exchan
 
 
 class Exchange:
-    """The driver side: ships bytes inline up to ``limit`` (default :data:`CLOSURE_MAX_BYTES`),
-    through files under ``directory/<run key>`` above it."""
+    """The driver side: ships bytes inline up to ``limit`` (default :data:`FILE_ABOVE_BYTES`),
+    through files under ``directory/<run key>`` above it (always inline without a directory)."""
 
-    def __init__(self, directory: str | None, run_key: str, limit: int = CLOSURE_MAX_BYTES
+    def __init__(self, directory: str | None, run_key: str, limit: int = FILE_ABOVE_BYTES
                  ) -> None:
         self.directory = (f"{directory.rstrip('/')}/{run_key}" if directory else None)
         self.limit = limit
