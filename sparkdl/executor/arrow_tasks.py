@@ -2,9 +2,12 @@
 :mod:`sparkdl.executor.tasks` ships in RDD jobs, with Arrow batches in and out (executor side).
 
 Every function reads its whole input (a Python worker that stops early is not reused) and
-yields one-row batches, so no Arrow array grows past its 2 GiB offsets. Large byte strings
-(gradient blocks, pickled results) travel in chunks of :data:`CHUNK_BYTES`, numbered by
-``seq``, which keeps every row far below gRPC's message limit on the way to the client.
+yields one-row batches. Large byte strings (gradient blocks, pickled results) travel in chunks
+of :data:`CHUNK_BYTES`, numbered by ``seq``, which keeps every row far below gRPC's message
+limit on the way to the client. The batches a reducer reads are Spark's (up to
+``spark.sql.execution.arrow.maxRecordsPerBatch`` rows, 32-bit binary offsets): a reduce
+partition must receive less than 2 GiB, i.e. vector bytes x partitions / blocks; raise
+``num_blocks`` beyond that.
 
 Schemas:
 
@@ -31,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..transport.allreduce import sum_in_order
-from ..transport.exchange import Payload
+from ..transport.exchange import Payload, drop_payloads
 from .replicas import drop_replica
 from .shard_store import drop_run, open_shard
 from .tasks import ShardBuildTask
@@ -96,8 +99,7 @@ def _result_rows(partition: int, summary: bytes | None, result: bytes
 class PayloadValue:
     """A :class:`~sparkdl.transport.exchange.Payload` read as a task expects a broadcast:
     ``.value`` is the bytes (``kind="bytes"``, e.g. the cloudpickled model that the task
-    unpickles itself), a flat array of ``dtype`` (``"array"``) or the unpickled object
-    (``"pickle"``)."""
+    unpickles itself) or a flat array of ``dtype`` (``"array"``)."""
 
     payload: Payload
     kind: str = "bytes"
@@ -106,9 +108,7 @@ class PayloadValue:
     @property
     def value(self) -> Any:
         data = self.payload.read()
-        if self.kind == "array":
-            return np.frombuffer(data, dtype=self.dtype)
-        return pickle.loads(data) if self.kind == "pickle" else data
+        return np.frombuffer(data, dtype=self.dtype) if self.kind == "array" else data
 
 
 @dataclass
@@ -231,4 +231,5 @@ class ArrowCleanup:
         for key in self.keys:
             drop_run(key)
             drop_replica(key)
+        drop_payloads()
         return iter(())

@@ -91,7 +91,7 @@ def predict_column(model: torch.nn.Module, sources: Sequence[FeatureSource],
 
     pickled = cloudpickle.dumps(model)
     key = hashlib.sha1(pickled).hexdigest()
-    payload = Exchange(exchange_dir, f"model-{key}").ship(pickled, "model")
+    payload = Exchange(exchange_dir, f"model-{key}").ship(pickled, "model", unique=False)
     shape = list(feature_shape)
     sources = list(sources)
     float_dtype = numpy_float_dtype(model)

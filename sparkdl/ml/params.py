@@ -56,7 +56,8 @@ _OWN_PARAMS: dict[str, tuple[Any, str]] = {
                        "(\"\": off)"),
     "checkpointDir": (TypeConverters.toString,
                       "write the whole training state here after every epoch and resume from "
-                      "the newest checkpoint found there (any Hadoop path; \"\": off)"),
+                      "the newest checkpoint found there (any Hadoop path; under Spark Connect a path "
+                      "or URI pyarrow.fs reaches; \"\": off)"),
     "exchangeDir": (TypeConverters.toString,
                     "Spark Connect only: a directory this client writes and every executor "
                     "reads under the same name (a shared mount, s3://, gs://, abfs://, hdfs://), "

@@ -14,7 +14,12 @@ have no SparkContext, RDDs, broadcasts or py4j (the second :class:`IterationRunn
   partitions' vectors in partition order (driver path), or ``repartitionById(K, "k")`` brings
   block ``k`` of every task to partition ``k``, which sums them in partition order (shuffle
   path): the block-sharded AllReduce of :mod:`sparkdl.transport.allreduce` in DataFrame form.
-  Either way the sum is bitwise the classic runner's.
+  Either way the sum is bitwise the classic runner's. An iteration in which some task found no
+  shard is finished on the client (driver path) with the filled partitions' vectors.
+* Every build and fill plans the DataFrame again. A source whose split follows the cluster's
+  cores (a local relation, ``range``, small files) can split differently once executors join or
+  leave; the rebuilt shard then fails the content check with a message saying what to do
+  (``localCheckpoint()`` the DataFrame or write it to Parquet before ``fit``).
 
 Example::
 
@@ -31,7 +36,6 @@ import logging
 import pickle
 import time
 import uuid
-from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -114,6 +118,16 @@ class ConnectData:
                  self.name, sum(s.count for s in self.summaries), len(self.summaries))
         return self.summaries
 
+    def _check(self, old: ShardSummary, new: ShardSummary) -> None:
+        try:
+            check_unchanged(self.name, old, new)
+        except TrainingDataError as exc:
+            raise TrainingDataError(
+                f"{exc} Under Spark Connect every rebuild plans the DataFrame again: a source "
+                "split by the cluster's cores (a local relation, range, small files) splits "
+                "differently once executors join or leave, so localCheckpoint() the DataFrame "
+                "or write it to Parquet before fit.") from exc
+
     def rebuild(self, reason: str) -> None:
         """Build all shards and the index again, checking they hold the same samples."""
         log.warning("%s shards must be rebuilt: %s; rebuilding all %d of them", self.name,
@@ -121,8 +135,13 @@ class ConnectData:
         before = self.summaries
         self.build()
         self.shards_rebuilt += len(self.summaries)
+        if len(before) != len(self.summaries):
+            raise TrainingDataError(
+                f"The {self.name} data had {len(before)} partitions and has "
+                f"{len(self.summaries)} after the rebuild: localCheckpoint() the DataFrame or "
+                "write it to Parquet before fit.")
         for old, new in zip(before, self.summaries):
-            check_unchanged(self.name, old, new)
+            self._check(old, new)
 
     def fill(self, partitions: list[int], task: Any) -> dict[int, Any]:
         """``task.compute`` on ``partitions`` after building their shards where the fill tasks
@@ -137,7 +156,7 @@ class ConnectData:
         self.shards_rebuilt += len(rows)
         for p, (summary, _) in rows.items():
             assert summary is not None
-            check_unchanged(self.name, self.summaries[p], summary)
+            self._check(self.summaries[p], summary)
             if summary.error is not None:
                 raise TrainingDataError(f"Partition {p} of the {self.name} data failed when "
                                         f"its shard was rebuilt: {summary.error}")
@@ -228,14 +247,13 @@ class ConnectDataFrameRunner:
                             if options.compression else ""))
 
     # ------------------------------------------------------------------ one iteration
-    def _map(self, data: ConnectData, task: GradientTask) -> Any:
-        return data.index.mapInArrow(ArrowGradientMap(task, self._bounds, self._codec),
-                                     MAP_SCHEMA)
+    def _map(self, data: ConnectData, task: GradientTask, bounds: np.ndarray) -> Any:
+        return data.index.mapInArrow(ArrowGradientMap(task, bounds, self._codec), MAP_SCHEMA)
 
     def _driver_job(self, data: ConnectData, task: GradientTask
                     ) -> tuple[AllReduceResult, dict[int, Any]]:
         submitted_at = time.time()
-        table = self._map(data, task).toArrow()
+        table = self._map(data, task, block_bounds(self._size, 1)).toArrow()   # whole vectors
         returned_at, t0 = time.time(), time.perf_counter()
         pieces: dict[int, list[tuple[int, Any]]] = {}
         reports = []
@@ -252,7 +270,7 @@ class ConnectDataFrameRunner:
     def _shuffle_job(self, data: ConnectData, task: GradientTask) -> AllReduceResult:
         blocks = len(self._bounds) - 1
         submitted_at = time.time()
-        reduced = self._map(data, task).repartitionById(blocks, "k").mapInArrow(
+        reduced = self._map(data, task, self._bounds).repartitionById(blocks, "k").mapInArrow(
             ArrowReduce(self._bounds, self._codec), REDUCE_SCHEMA)
         table = reduced.toArrow()
         result = AllReduceResult(np.empty(self._size, dtype=self._dtype),
@@ -285,23 +303,24 @@ class ConnectDataFrameRunner:
         broadcast_s = time.perf_counter() - t0
         task = GradientTask(self.run_key, data.data_key, step, PayloadValue(self._spec),
                             PayloadValue(shipped[0], "array", weights.dtype.str))
-        filled: dict[int, Any] = {}
         try:
-            for _ in range(data.num_partitions + 1):
-                if self._driver_sum:
-                    result, parts = self._driver_job(data, task)
-                else:
-                    result, parts = self._shuffle_job(data, task), {}
-                missing = [p for p in result.missing_partitions if p not in filled]
-                if not missing:
-                    break
-                filled.update(data.fill(missing, task))
-                if self._driver_sum:   # complete the sum here, still in partition order
-                    result = self._completed(result, parts, filled)
-                    if not result.missing_partitions:
-                        break
-                shipped.append(self._exchange.ship(pickle.dumps(filled), "filled"))
-                task = replace(task, filled=PayloadValue(shipped[-1], "pickle"))
+            if self._driver_sum:
+                result, parts = self._driver_job(data, task)
+            else:
+                result, parts = self._shuffle_job(data, task), {}
+            filled: dict[int, Any] = {}
+            if result.missing_partitions and not self._driver_sum:
+                # The reducers summed without those partitions. Fill them, then finish this
+                # step on the client: the same encoded vectors summed in the same partition
+                # order, so bitwise the sum the shuffle gives (and nothing large in a closure).
+                filled.update(data.fill(result.missing_partitions, task))
+                result, parts = self._driver_job(data, task)
+            missing = result.missing_partitions
+            if missing:
+                new = [p for p in missing if p not in filled]
+                if new:
+                    filled.update(data.fill(new, task))
+                result = self._completed(result, parts, {p: filled[p] for p in missing})
         finally:
             for payload in shipped:
                 self._exchange.discard(payload)

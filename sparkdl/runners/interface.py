@@ -78,7 +78,8 @@ class IterationRunner(Protocol):
     """Runs the loop's jobs (see the module docstring)."""
 
     spark_context: Any
-    """The SparkContext whose Hadoop file systems checkpoints use; None: local files."""
+    """The classic SparkContext the runner's jobs run on (None for the in-process and the
+    Spark Connect runners)."""
 
     def check_device(self, device: str) -> None:
         """Raise a clear error, before any cluster work, if ``device`` cannot be had."""

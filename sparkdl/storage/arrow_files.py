@@ -23,12 +23,14 @@ __all__ = ["ArrowFiles", "resolve"]
 
 def resolve(path: str) -> tuple[Any, str]:
     """(pyarrow FileSystem, path inside it) for ``path``: a URI, or a local path."""
+    import os
+
     from pyarrow import fs
 
     if "://" in path:
         return fs.FileSystem.from_uri(path)
-    import os
-
+    if path.startswith("file:"):           # Hadoop's file:/tmp/x
+        path = path[len("file:"):]
     return fs.LocalFileSystem(), os.path.abspath(path)
 
 
@@ -70,14 +72,20 @@ class ArrowFiles:
 
     def delete(self, directory: str, name: str) -> None:
         fs, path = self._join(directory, name)
-        fs.delete_file(path)
+        try:
+            fs.delete_file(path)
+        except FileNotFoundError:       # as Hadoop's delete: gone already is fine
+            pass
 
     def delete_tree(self, directory: str) -> None:
         from pyarrow import fs as pafs
 
         fs, path = self._join(directory)
-        if fs.get_file_info(path).type != pafs.FileType.NotFound:
+        kind = fs.get_file_info(path).type
+        if kind == pafs.FileType.Directory:
             fs.delete_dir(path)
+        elif kind == pafs.FileType.File:
+            fs.delete_file(path)
 
     def error_line(self, exc: BaseException) -> str:
         text = str(exc).strip()

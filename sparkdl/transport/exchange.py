@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import uuid
 from dataclasses import dataclass
 
@@ -33,7 +34,8 @@ from ..errors import InvalidArgumentError
 from ..executor.worker_cache import WorkerCache
 from ..storage.arrow_files import ArrowFiles
 
-__all__ = ["CLOSURE_MAX_BYTES", "FILE_ABOVE_BYTES", "Payload", "Exchange", "check_exchange"]
+__all__ = ["CLOSURE_MAX_BYTES", "FILE_ABOVE_BYTES", "Payload", "Exchange", "check_exchange",
+           "drop_payloads"]
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +47,15 @@ FILE_ABOVE_BYTES = 2 << 20
 """With an exchange directory, payloads above this size travel as files (the measured
 crossover is between 1 and 4 MiB of closure, which holds about two payloads)."""
 
-_READ: WorkerCache[bytes] = WorkerCache(capacity=4, freeze=False)
-"""Payloads this Python worker read from the exchange directory, by key (executor side)."""
+_READ: WorkerCache[bytes] = WorkerCache(capacity=2, freeze=False)
+"""Payloads this Python worker read from the exchange directory, by key (executor side): the
+current weights and the one before (or the model), never more for large models."""
+
+
+def drop_payloads() -> None:
+    """Forget every payload this worker read (end of a run)."""
+    for key in list(_READ.keys()):
+        _READ.pop(key)
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,9 @@ class Exchange:
 
     def __init__(self, directory: str | None, run_key: str, limit: int = FILE_ABOVE_BYTES
                  ) -> None:
+        if directory and "://" not in directory:   # executors must not resolve it themselves
+            directory = os.path.abspath(directory[5:] if directory.startswith("file:")
+                                        else directory)
         self.directory = (f"{directory.rstrip('/')}/{run_key}" if directory else None)
         self.limit = limit
         self._files = ArrowFiles()
@@ -93,12 +105,20 @@ class Exchange:
     def by_file(self, size: int) -> bool:
         return self.directory is not None and size > self.limit
 
-    def ship(self, data: bytes, name: str) -> Payload:
-        """``data`` as a :class:`Payload` (unique key: content hash plus a random suffix)."""
-        key = f"{hashlib.sha1(data).hexdigest()}-{uuid.uuid4().hex[:8]}"
+    def ship(self, data: bytes, name: str, unique: bool = True) -> Payload:
+        """``data`` as a :class:`Payload` (key: content hash, plus a random suffix when
+        ``unique``). Not ``unique``: the file is ``<name>.bin``, written once and kept."""
+        digest = hashlib.sha1(data).hexdigest()
+        key = f"{digest}-{uuid.uuid4().hex[:8]}" if unique else digest
         if not self.by_file(len(data)):
             return Payload(key, inline=data)
         assert self.directory is not None
+        if not unique:
+            file_name = f"{name}.bin"
+            if file_name not in self._files.names(self.directory):
+                self._files.write(self.directory, f".{file_name}.tmp", data)
+                self._files.replace(self.directory, f".{file_name}.tmp", file_name)
+            return Payload(key, directory=self.directory, name=file_name)
         file_name = f"{name}-{uuid.uuid4().hex[:8]}.bin"
         self._files.write(self.directory, file_name, data)
         self._written.append(file_name)
