@@ -140,8 +140,7 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
         spark = dataset.sparkSession
         connect = is_connect_session(spark)
         if connect:   # before any cluster work: can the weights travel?
-            check_exchange(ParamLayout(model).size * ParamLayout(model).numpy_dtype.itemsize,
-                           get("exchangeDir"))
+            check_exchange(ParamLayout(model).state_bytes, get("exchangeDir"))
         workers = get("numTrainWorkers") or default_parallelism(spark)
         shape = get("featureShape")
         train_df, val_df = dataset, None
@@ -329,8 +328,7 @@ class _NNModelBase(Model, MLWritable, MLReadable):
         if not is_connect_session(spark):
             return None
         assert self.module is not None
-        layout = ParamLayout(self.module)
-        check_exchange(layout.size * layout.numpy_dtype.itemsize, self.getOrDefault("exchangeDir"))
+        check_exchange(ParamLayout(self.module).state_bytes, self.getOrDefault("exchangeDir"))
         return self.getOrDefault("exchangeDir") or None
 
     def write(self) -> Any:

@@ -51,7 +51,8 @@ from ..executor.step import StepSpec
 from ..executor.tasks import EvaluationTask, GradientTask, ShardBuildTask
 from ..metrics import ValidationMetric
 from ..storage.arrow_files import ArrowFiles
-from ..transport.allreduce import AllReduceResult, block_bounds, choose_allreduce, sum_in_order
+from ..transport.allreduce import (AllReduceResult, DriverAllReduce, block_bounds,
+                                  choose_allreduce, sum_in_order)
 from ..transport.codecs import make_codec
 from ..transport.exchange import Exchange, Payload, check_exchange
 from ..transport.flat_layout import ParamLayout
@@ -188,6 +189,7 @@ class ConnectDataFrameRunner:
         self._options = RunnerOptions()
         self._bounds = np.zeros(2, dtype=np.int64)
         self._codec: Any = None
+        self._client_sum: DriverAllReduce | None = None
         self._size = 0
         self._dtype = np.dtype(np.float32)
         self._driver_sum = True
@@ -225,22 +227,23 @@ class ConnectDataFrameRunner:
               train: ConnectData) -> str:
         from pyspark import cloudpickle
 
-        state_bytes = layout.size * layout.numpy_dtype.itemsize
-        check_exchange(state_bytes, self.exchange_dir)
+        check_exchange(layout.state_bytes, self.exchange_dir)
         self._spec = self._exchange.ship(cloudpickle.dumps(spec), "model")
         self._options = options
         self._size, self._dtype = layout.size, layout.numpy_dtype
         path = options.allreduce
         if path == "auto":
-            path = choose_allreduce(state_bytes, train.num_partitions)
+            path = choose_allreduce(layout.size * layout.numpy_dtype.itemsize,
+                                    train.num_partitions)
         self._driver_sum = path == "driver"
         blocks = 1 if self._driver_sum else (options.num_blocks or train.num_partitions)
         self._bounds = block_bounds(layout.size, blocks)
         self._codec = make_codec(options.compression, layout.numpy_dtype,
                                  layout.num_param_values)
+        self._client_sum = DriverAllReduce(layout.size, layout.numpy_dtype, self._codec)
         how = ("the client sums the vectors" if self._driver_sum else
                f"repartitionById all-reduce in {len(self._bounds) - 1} blocks")
-        via = ("through files in the exchange directory" if self._exchange.by_file(state_bytes)
+        via = ("through files in the exchange directory" if self._exchange.by_file(layout.state_bytes)
                else "inside the tasks' functions")
         return (f"DataFrame jobs (Spark Connect), {how} of {layout.size} values, weights "
                 f"{via}" + (f" (gradients in {options.compression})"
@@ -250,8 +253,7 @@ class ConnectDataFrameRunner:
     def _map(self, data: ConnectData, task: GradientTask, bounds: np.ndarray) -> Any:
         return data.index.mapInArrow(ArrowGradientMap(task, bounds, self._codec), MAP_SCHEMA)
 
-    def _driver_job(self, data: ConnectData, task: GradientTask
-                    ) -> tuple[AllReduceResult, dict[int, Any]]:
+    def _driver_job(self, data: ConnectData, task: GradientTask) -> AllReduceResult:
         submitted_at = time.time()
         table = self._map(data, task, block_bounds(self._size, 1)).toArrow()   # whole vectors
         returned_at, t0 = time.time(), time.perf_counter()
@@ -261,11 +263,12 @@ class ConnectDataFrameRunner:
             pieces.setdefault(int(row["partition"]), []).append((row["seq"], row["payload"]))
             if row["report"] is not None:
                 reports.append(pickle.loads(row["report"]))
-        parts = {p: join_chunks(c) for p, c in pieces.items()}
-        vector = sum_in_order(parts.items(), self._codec, 0, self._size)
+        parts = [(p, join_chunks(c)) for p, c in pieces.items()]
+        vector = sum_in_order(parts, self._codec, 0, self._size)
         return (AllReduceResult(vector, reduce_s=time.perf_counter() - t0,
                                 reports=sorted(reports, key=lambda r: r.partition),
-                                submitted_at=submitted_at, returned_at=returned_at), parts)
+                                submitted_at=submitted_at, returned_at=returned_at,
+                                pending=parts))
 
     def _shuffle_job(self, data: ConnectData, task: GradientTask) -> AllReduceResult:
         blocks = len(self._bounds) - 1
@@ -296,7 +299,7 @@ class ConnectDataFrameRunner:
 
     def gradients(self, data: ConnectData, step: StepSpec, weights: np.ndarray
                   ) -> AllReduceResult:
-        assert self._spec is not None
+        assert self._spec is not None and self._client_sum is not None
         t0 = time.perf_counter()
         shipped = [self._exchange.ship(np.ascontiguousarray(weights).tobytes(),
                                        f"weights-{step.iteration}")]
@@ -305,40 +308,27 @@ class ConnectDataFrameRunner:
                             PayloadValue(shipped[0], "array", weights.dtype.str))
         try:
             if self._driver_sum:
-                result, parts = self._driver_job(data, task)
+                result = self._driver_job(data, task)
             else:
-                result, parts = self._shuffle_job(data, task), {}
+                result = self._shuffle_job(data, task)
             filled: dict[int, Any] = {}
             if result.missing_partitions and not self._driver_sum:
                 # The reducers summed without those partitions. Fill them, then finish this
                 # step on the client: the same encoded vectors summed in the same partition
                 # order, so bitwise the sum the shuffle gives (and nothing large in a closure).
                 filled.update(data.fill(result.missing_partitions, task))
-                result, parts = self._driver_job(data, task)
+                result = self._driver_job(data, task)
             missing = result.missing_partitions
             if missing:
                 new = [p for p in missing if p not in filled]
                 if new:
                     filled.update(data.fill(new, task))
-                result = self._completed(result, parts, {p: filled[p] for p in missing})
+                result = self._client_sum.complete(result, {p: filled[p] for p in missing})
         finally:
             for payload in shipped:
                 self._exchange.discard(payload)
         result.broadcast_s = broadcast_s
         return result
-
-    def _completed(self, result: AllReduceResult, parts: dict[int, Any],
-                   filled: dict[int, Any]) -> AllReduceResult:
-        t0 = time.perf_counter()
-        reports = {r.partition: r for r in result.reports}
-        for p, (vector, report) in filled.items():
-            parts[p] = None if vector is None else self._codec.encode(vector, 0)
-            reports[p] = report
-        return AllReduceResult(sum_in_order(parts.items(), self._codec, 0, self._size),
-                               reduce_s=result.reduce_s + time.perf_counter() - t0,
-                               reports=sorted(reports.values(), key=lambda r: r.partition),
-                               submitted_at=result.submitted_at,
-                               returned_at=result.returned_at)
 
     def evaluate(self, data: ConnectData, weights: np.ndarray,
                  metrics: Sequence[ValidationMetric], batch_size: int
