@@ -25,8 +25,9 @@ import numpy as np
 import torch
 
 from .argument_checks import argument_error
+from .losses import has_normaliser, loss_terms
 
-__all__ = ["ValidationMetric", "Top1Accuracy", "Loss", "MAE"]
+__all__ = ["ValidationMetric", "Top1Accuracy", "Loss", "MAE", "one_output_threshold"]
 
 
 Select = Callable[[Any], torch.Tensor]
@@ -71,25 +72,35 @@ class ValidationMetric:
 class Top1Accuracy(ValidationMetric):
     """Share of samples whose highest-scoring class is the label.
 
-    With one output column, the prediction is ``output > threshold`` (0.5 by default: a
-    probability; pass ``threshold=0.0`` for logits). ``select`` picks the scores from a model
+    With one output column, the prediction is ``output > threshold``. One rule everywhere (the
+    engine, the estimators' ``"accuracy"``, ``transform``'s prediction): by default the output is
+    a logit (threshold 0.0), except under ``torch.nn.BCELoss``, which takes probabilities
+    (threshold 0.5); pass ``threshold`` to choose. ``select`` picks the scores from a model
     output that is not a tensor.
     """
 
     name = "Top1Accuracy"
 
-    def __init__(self, threshold: float = 0.5, select: Select | None = None) -> None:
-        self.threshold = float(threshold)
+    def __init__(self, threshold: float | None = None, select: Select | None = None) -> None:
+        self.threshold = None if threshold is None else float(threshold)
         self.select = _check_select("Top1Accuracy", select)
 
     def partial(self, output: Any, target: torch.Tensor, criterion: Any) -> np.ndarray:
         output = self.tensor(output)
         if output.ndim == 1 or output.shape[-1] == 1:
-            predicted = (output.reshape(-1) > self.threshold).long()
+            threshold = (self.threshold if self.threshold is not None
+                         else one_output_threshold(criterion))
+            predicted = (output.reshape(-1) > threshold).long()
         else:
             predicted = output.argmax(dim=-1)
         target = target.reshape(predicted.shape).long()
         return np.array([float((predicted == target).sum()), float(target.numel())])
+
+
+def one_output_threshold(criterion: Any) -> float:
+    """Where a one-output classifier's output turns into class 1: 0.5 for ``BCELoss`` (its
+    inputs are probabilities), else 0.0 (a logit)."""
+    return 0.5 if isinstance(criterion, torch.nn.BCELoss) else 0.0
 
 
 class Loss(ValidationMetric):
@@ -104,6 +115,9 @@ class Loss(ValidationMetric):
         crit = self.criterion if self.criterion is not None else criterion
         if isinstance(crit, torch.nn.Module):
             crit = crit.to(target.device)
+        if has_normaliser(crit):    # masked or class-weighted: the mean over the union
+            loss, multiplier, normaliser = loss_terms(crit, output, target)
+            return np.array([0.0 if loss is None else float(loss) * multiplier, normaliser])
         value = float(crit(output, target))
         n = float(target.shape[0])
         if getattr(crit, "reduction", "mean") == "sum":

@@ -229,12 +229,12 @@ def test_module_is_copied_never_mutated_and_optimizer_factory_is_used(spark):
     before = {k: v.clone() for k, v in net.state_dict().items()}
     used = []
 
-    def factory(params):
-        used.append(True)
-        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    def factory(params, lr):          # learningRate reaches the factory as lr
+        used.append(lr)
+        return torch.optim.SGD(params, lr=lr * 5, momentum=0.9)
 
     model = classifier(model=net, optimizerFactory=factory, maxEpoch=2).fit(vector_df(spark, 80))
-    assert used == [True]
+    assert used == [0.02]
     assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
     assert not all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 

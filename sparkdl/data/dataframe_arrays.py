@@ -288,22 +288,39 @@ def arrow_inputs(columns: Sequence[pa.Array], sources: Sequence[FeatureSource],
     return xs
 
 
-def _labels(column: pa.Array, label_col: str, classifier: bool) -> np.ndarray:
+def _labels(column: pa.Array, label_col: str, classifier: bool, float_dtype: Any,
+            class_index: bool = False, ignore_label: int | None = None) -> np.ndarray:
+    """A label column as the criterion takes it: class indices (a classifier's, or an integer
+    column under a class-index criterion) as int64, other values in the model's float dtype
+    (float64 labels for a float64 model)."""
     what = f"Column '{label_col}' (labelCol)"
+    value_type = column.type.value_type if isinstance(
+        column.type, (pa.ListType, pa.LargeListType)) else column.type
+    integral = class_index and pa.types.is_integer(value_type)
     if isinstance(column.type, (pa.ListType, pa.LargeListType)):
-        y = _list_to_matrix(column, what).astype(np.float32)
+        y = _list_to_matrix(column, what)
+        if not integral:
+            y = y.astype(np.float64)
     else:
         if column.null_count:
             raise ValueError(f"{what} has null values")
-        y = column.to_numpy(zero_copy_only=False).astype(np.float64)
-    if not np.isfinite(y).all():
+        y = column.to_numpy(zero_copy_only=False)
+        if not integral:
+            y = y.astype(np.float64)
+    if not integral and not np.isfinite(y).all():
         raise ValueError(f"{what} has NaN or infinite values")
     if classifier:
-        if y.ndim != 1 or (y != np.round(y)).any() or (y < 0).any():
+        ignored = y == ignore_label if ignore_label is not None else np.zeros(y.shape, bool)
+        bad = ((y != np.round(y)) | (y < 0)) & ~ignored
+        if y.ndim != 1 or bad.any():
             raise ValueError(f"{what} must hold 0-based class indices 0..K-1 (whole numbers "
-                             f">= 0); found values such as {y[(y != np.round(y)) | (y < 0)][:3]}")
+                             ">= 0" + (f", or {ignore_label}, the criterion's ignore_index"
+                                       if ignore_label is not None and ignore_label < 0 else "")
+                             + f"); found values such as {y[bad][:3]}")
         return y.astype(np.int64)
-    return y.astype(np.float32)
+    if integral:
+        return y.astype(np.int64)
+    return y.astype(float_dtype)
 
 
 _BLOCK_BYTES = 4 << 20
@@ -342,6 +359,8 @@ class BlockConverter:
     preprocess: Any
     float_dtype: str
     weight_col: str = ""
+    class_index_labels: bool = False    # integer label columns stay int64 (a class-index loss)
+    ignore_label: int | None = None     # the criterion's ignore_index, allowed as a label
 
     def blocks(self, batches: Iterator[pa.RecordBatch]) -> Iterator[ArrayBlock]:
         """One block per Arrow slice; a slice with bad values gives a block carrying the
@@ -356,7 +375,8 @@ class BlockConverter:
                     if self.weight_col:
                         xs.append(_weights(batch.column(inputs), self.weight_col, dtype))
                     yield ArrayBlock(xs, _labels(batch.column(label_at), self.label_col,
-                                                 self.classifier))
+                                                 self.classifier, dtype,
+                                                 self.class_index_labels, self.ignore_label))
                 except ValueError as exc:
                     yield ArrayBlock([], np.zeros(0), error=str(exc))
 
@@ -394,10 +414,14 @@ class DataFrameBlocks:
 
 def frame_blocks(df: Any, sources: Sequence[FeatureSource], label_col: str, classifier: bool,
                  feature_shape: Sequence[int], preprocess: Any, partitions: int,
-                 float_dtype: Any = np.float32, weight_col: str = "") -> DataFrameBlocks:
+                 float_dtype: Any = np.float32, weight_col: str = "",
+                 class_index_labels: bool = False, ignore_label: int | None = None
+                 ) -> DataFrameBlocks:
     """The rows of ``df`` as :class:`DataFrameBlocks` in ``partitions`` partitions (``df``'s own
     when it has that many, else a round-robin repartition); with ``weight_col`` every block's
-    last feature array is the rows' weights."""
+    last feature array is the rows' weights. Labels: class indices as int64 (a classifier's,
+    which may also equal ``ignore_label``; with ``class_index_labels`` an integer column's),
+    anything else in ``float_dtype``."""
     from pyspark.sql import functions as F
 
     from .dataframe_partitions import partition_count
@@ -411,7 +435,8 @@ def frame_blocks(df: Any, sources: Sequence[FeatureSource], label_col: str, clas
     if partitions and partitions != count:
         selected, count = selected.repartition(partitions), partitions
     converter = BlockConverter(tuple(sources), label_col, classifier, tuple(feature_shape),
-                               preprocess, float_dtype.str, weight_col)
+                               preprocess, float_dtype.str, weight_col, class_index_labels,
+                               ignore_label)
     return DataFrameBlocks(selected, converter, count)
 
 

@@ -9,6 +9,7 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -17,7 +18,8 @@ from torch import nn
 from ..argument_checks import argument_error
 from ..errors import InvalidArgumentError
 
-__all__ = ["check_training_data", "check_criterion", "check_optimizer", "check_lr_scheduler"]
+__all__ = ["check_training_data", "check_criterion", "check_optimizer", "check_lr_scheduler",
+           "scheduler_needs_metric"]
 
 
 def check_training_data(name: str, owner: str, value: Any) -> Any:
@@ -78,9 +80,42 @@ def check_optimizer(owner: str, optimizer: Any, model: nn.Module) -> torch.optim
     return optimizer
 
 
+def _required_step_arguments(scheduler: Any) -> list[str]:
+    return [name for name, p in inspect.signature(scheduler.step).parameters.items()
+            if p.default is inspect.Parameter.empty
+            and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def scheduler_needs_metric(scheduler: Any) -> bool:
+    """True for LR schedulers whose ``step`` takes a metric (``ReduceLROnPlateau``)."""
+    if scheduler is None:
+        return False
+    return (isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+            or bool(_required_step_arguments(scheduler)))
+
+
 def check_lr_scheduler(owner: str, scheduler: Any, optimizer: torch.optim.Optimizer) -> Any:
-    """``scheduler`` (or None) if it was built over ``optimizer``."""
-    if scheduler is not None and getattr(scheduler, "optimizer", None) is not optimizer:
+    """``scheduler`` (or None) if it was built over ``optimizer`` and the engine can step it:
+    without arguments, or with one metric (it is given a loss, so ``ReduceLROnPlateau`` must
+    have ``mode='min'``)."""
+    if scheduler is None:
+        return None
+    if getattr(scheduler, "optimizer", None) is not optimizer:
         raise argument_error("lr_scheduler", owner,
                              "a torch LR scheduler built over the given optimizer", scheduler)
+    if not scheduler_needs_metric(scheduler):
+        return scheduler
+    required = _required_step_arguments(scheduler)
+    if len(required) > 1:
+        raise InvalidArgumentError(
+            f"The 'lr_scheduler' argument of {owner}: {type(scheduler).__name__}.step needs "
+            f"{len(required)} arguments ({', '.join(required)}); sparkdl steps a scheduler "
+            "with no argument, or with one metric (the validation loss, else the mean "
+            "training loss).")
+    if getattr(scheduler, "mode", "min") != "min":
+        raise InvalidArgumentError(
+            f"The 'lr_scheduler' argument of {owner}: {type(scheduler).__name__} has "
+            f"mode={scheduler.mode!r}, but sparkdl steps it with a loss (the validation loss "
+            "when validation runs, else the mean training loss), which improves downwards: "
+            "use mode='min'.")
     return scheduler

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..data.ragged import model_arguments
+from ..losses import CLASS_INDEX_LOSSES
 from ..errors import ModelCriterionMismatchError, TrainingDataError
 from ..executor.shard_store import ShardSummary
 from ..executor.step import as_model_input
@@ -28,7 +29,6 @@ from .rng_isolation import private_torch_rng
 
 __all__ = ["DataSpec", "summarize", "dry_run"]
 
-_CLASS_INDEX_CRITERIA = (nn.CrossEntropyLoss, nn.NLLLoss)
 _SAME_SHAPE_CRITERIA = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss,
                         nn.BCELoss, nn.BCEWithLogitsLoss)
 
@@ -109,7 +109,7 @@ def _check_tensor_output(output: torch.Tensor, target: torch.Tensor, criterion: 
                          spec: DataSpec, what: str) -> None:
     """The common ways a tensor output and the labels disagree with the criterion."""
     name = type(criterion).__name__
-    if isinstance(criterion, _CLASS_INDEX_CRITERIA) and target.dtype == torch.int64:
+    if isinstance(criterion, CLASS_INDEX_LOSSES) and target.dtype == torch.int64:
         if output.ndim < 2:
             raise ModelCriterionMismatchError(
                 f"{name} needs a model output of shape (batch, classes); the model returns "

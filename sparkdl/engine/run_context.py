@@ -21,6 +21,7 @@ from typing import Any
 from torch import nn
 
 from ..data.batch_plan import BatchPlan
+from ..losses import divided_on_driver
 from ..transport.flat_layout import ParamLayout
 from ..triggers import Trigger
 from ..runners.interface import DataHandle, IterationRunner, RunnerOptions
@@ -82,3 +83,9 @@ class RunContext:
     best_states: dict[int, dict[str, Any]] = field(default_factory=dict)
     """Weights kept for early stops with ``restore_best``, by the trigger's position among the
     end trigger's EarlyStopping triggers."""
+
+    @property
+    def normalised_loss(self) -> bool:
+        """The tasks report the loss's normaliser and the loop divides by the union's
+        (:mod:`sparkdl.losses`)."""
+        return divided_on_driver(self.criterion, self.reduction, self.settings.sample_weights)

@@ -36,6 +36,7 @@ from ..executor.step import StepSpec
 from ..transport.allreduce import AllReduceResult
 from ..transport.flat_layout import combine_buffers, summed_presence
 from ..triggers import EarlyStopping, MaxEpoch, MaxIteration, TrainingState, Trigger
+from .arguments import scheduler_needs_metric
 from .progress import ProgressReporter
 from .recovery import run_with_recovery
 from .run_context import RunContext
@@ -55,14 +56,19 @@ def _total_iterations(trigger: Trigger, iterations_per_epoch: int) -> int | None
     return None
 
 
-def _normalize_by_weight(result: AllReduceResult, batch_size: int, what: str) -> None:
-    """Sample weights: the tasks summed ``w_i * loss_i`` and the gradient of that sum divided
-    by the batch size; dividing by the union batch's total weight (over the batch size) gives
-    the weighted mean loss and its gradient."""
-    total = math.fsum(r.weight_sum for r in result.reports)
+def _normalize(result: AllReduceResult, batch_size: int, what: str, weighted: bool) -> None:
+    """Losses whose normaliser is not the row count (sample weights, masked or class-weighted
+    losses: :mod:`sparkdl.losses`): the tasks summed the loss terms and the gradient of that sum
+    divided by the batch size, and reported their normalisers; dividing by the union batch's
+    normaliser (over the batch size) gives the single-process mean loss and its gradient."""
+    total = math.fsum(r.normaliser for r in result.reports)
     if not total > 0:
-        raise SparkdlError(f"{what}: the sample weights of the batch sum to {total}; weights "
-                           "must be >= 0 with a positive sum in every batch")
+        raise SparkdlError(
+            f"{what}: the sample weights of the batch sum to {total}; weights must be >= 0 "
+            "with a positive sum in every batch" if weighted else
+            f"{what}: the loss's normaliser over the batch is {total}: every target of the "
+            "batch is ignored (ignore_index) or has class weight 0, so its mean loss is "
+            "undefined (NaN in torch). Check the labels' padding, or use a larger batch.")
     assert result.vector is not None
     np.divide(result.vector, total / batch_size, out=result.vector, casting="unsafe")
     for r in result.reports:
@@ -91,6 +97,7 @@ class TrainingLoop:
         self._skipped = False
         self._used_scale = 0.0
         self._closure = needs_closure(ctx.optimizer)
+        self._metric_scheduler = scheduler_needs_metric(ctx.lr_scheduler)
 
     def run(self) -> None:
         ctx = self.ctx
@@ -128,8 +135,9 @@ class TrainingLoop:
             lambda r: r.missing_partitions, f"iteration {ctx.iteration + 1}")
         if result.vector is None:
             raise SparkdlError(f"iteration {ctx.iteration + 1}: no partition produced a gradient")
-        if ctx.settings.sample_weights:
-            _normalize_by_weight(result, step.batch_size, f"iteration {ctx.iteration + 1}")
+        if ctx.settings.sample_weights or ctx.normalised_loss:
+            _normalize(result, step.batch_size, f"iteration {ctx.iteration + 1}",
+                       ctx.settings.sample_weights)
         devices = sorted({r.device for r in result.reports if r.count} - self._devices)
         if devices:
             self._devices.update(devices)
@@ -158,8 +166,9 @@ class TrainingLoop:
                 self._stop_if_not_finite(loss, result.vector)
             self._update(spec, state_vector, result)
             epoch_finished = step == per_epoch - 1
-            if ctx.lr_scheduler is not None and (ctx.settings.lr_scheduler_step == "iteration"
-                                                 or epoch_finished):
+            scheduler_due = ctx.lr_scheduler is not None and (
+                ctx.settings.lr_scheduler_step == "iteration" or epoch_finished)
+            if scheduler_due and not self._metric_scheduler:
                 ctx.lr_scheduler.step()
             state_vector = ctx.layout.state_vector(ctx.model)
             update_s = time.perf_counter() - t_update
@@ -179,6 +188,8 @@ class TrainingLoop:
                 reporter.validation(validation)
                 self._metrics = dict(validation.metrics)
                 state = dataclasses.replace(state, metrics=dict(self._metrics), validated=True)
+            if scheduler_due and self._metric_scheduler:
+                ctx.lr_scheduler.step(self._scheduler_metric(state, epoch, loss))
             ended = ctx.end_trigger(state)
             self._remember_best(state)
             if ctx.checkpoints is not None and ctx.checkpoints.setup.trigger(state):
@@ -260,6 +271,19 @@ class TrainingLoop:
             ctx.optimizer.step()
         ctx.optimizer.zero_grad(set_to_none=True)
         scaler.update(found_inf)
+
+    def _scheduler_metric(self, state: TrainingState, epoch: int, loss: float) -> float:
+        """What a scheduler whose ``step`` takes a metric (``ReduceLROnPlateau``) is given: the
+        validation loss when validation ran on this iteration, else the mean training loss over
+        the samples since its last step (the epoch's, or this iteration's when it steps every
+        iteration)."""
+        if state.validated and "Loss" in state.metrics:
+            return float(state.metrics["Loss"])
+        if self.ctx.settings.lr_scheduler_step == "iteration":
+            return loss
+        records = [r for r in self.ctx.summary.iterations if r.epoch == epoch + 1]
+        total = math.fsum(r.records for r in records)
+        return math.fsum(r.loss * r.records for r in records) / total
 
     # ------------------------------------------------------------------ early stopping
     def _remember_best(self, state: TrainingState) -> None:

@@ -20,10 +20,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..losses import divided_on_driver
 from ..transport.flat_layout import ParamLayout
 from .worker_cache import WorkerCache
 
-__all__ = ["Replica", "ReplicaSpec", "get_replica", "drop_replica"]
+__all__ = ["Replica", "ReplicaSpec", "get_replica", "drop_replica", "training_modes",
+           "set_training_modes"]
 
 _REPLICAS: WorkerCache["Replica"] = WorkerCache(capacity=4, freeze=True)
 
@@ -41,6 +43,23 @@ class ReplicaSpec:
     sample_weights: bool = False
 
 
+def training_modes(model: nn.Module) -> list[bool]:
+    """Each module's train/eval flag, in ``model.modules()`` order.
+
+    A model whose modules are all in eval mode (left so after an evaluation or a ``load``) trains
+    in train mode, as a training loop that calls ``model.train()`` would; otherwise the flags are
+    kept as the user left them, so a submodule put in eval (a frozen, pre-trained BatchNorm or
+    Dropout) stays in eval in every task."""
+    modes = [m.training for m in model.modules()]
+    return [True] * len(modes) if not any(modes) else modes
+
+
+def set_training_modes(model: nn.Module, modes: list[bool]) -> None:
+    """Put every module of ``model`` in the mode :func:`training_modes` recorded."""
+    for module, mode in zip(model.modules(), modes):
+        module.training = mode
+
+
 class Replica:
     """A worker's private copy of the model and criterion on one device, with the flat layout
     (taken on the CPU, before the move, so it matches the driver's)."""
@@ -55,7 +74,10 @@ class Replica:
         self.train_transform = spec.train_transform
         self.padding_value, self.collate = spec.padding_value, spec.collate
         self.sample_weights = spec.sample_weights
+        self.train_modes = training_modes(spec.model)
         self.per_sample_criterion = None
+        # a mean loss whose normaliser is not the row count (sparkdl.losses): tasks report it
+        self.normalised = divided_on_driver(self.criterion, spec.reduction, spec.sample_weights)
         if spec.sample_weights:     # the same loss, one value per sample
             self.per_sample_criterion = copy.copy(self.criterion)
             self.per_sample_criterion.reduction = "none"

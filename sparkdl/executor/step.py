@@ -27,9 +27,10 @@ import torch
 from ..data.batch_plan import task_seed, transform_generator
 from ..data.ragged import Ragged, model_arguments
 from ..errors import SparkdlError
+from ..losses import loss_terms
 from ..metrics import ValidationMetric
 from .process_memory import current_rss_bytes
-from .replicas import Replica
+from .replicas import Replica, set_training_modes
 from .shard_store import Shard
 
 __all__ = ["StepSpec", "TaskReport", "compute_gradient", "compute_metric_sums",
@@ -71,7 +72,9 @@ class TaskReport:
     grad_present: np.ndarray | None = None   # per trainable parameter: 1 if it got a gradient
     buffers: dict[int, bytes] = field(default_factory=dict)   # raw bytes of changed buffers
     device: str = "cpu"        # where it computed, and why
-    weight_sum: float = 0.0    # with sample weights: the sum of this task's weights
+    normaliser: float = 0.0    # the loss's normaliser over this task's rows, when the driver
+    # divides (sample weights: the sum of the weights; masked or class-weighted losses: the
+    # count or weight of the targets, sparkdl.losses); 0 when the task weighted by rows
 
 
 def set_task_threads() -> None:
@@ -171,7 +174,7 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
     _check_layout(step, replica)
     model, layout = replica.model, replica.layout
     layout.load_state(model, weights)
-    model.train()
+    set_training_modes(model, replica.train_modes)     # as the user left each module
     model.zero_grad(set_to_none=True)
     torch.manual_seed(task_seed(step.seed, step.iteration, partition))
     start = int(step.starts[partition])
@@ -189,17 +192,27 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
             features = apply_transform(augment, features, rng)
         inputs, target = _to_tensors(features, labels, layout.param_dtype, replica.device,
                                      replica)
-        criterion = replica.per_sample_criterion if replica.sample_weights else replica.criterion
         with autocast(step.precision, replica.device):
-            loss = criterion(model(*inputs), target)
+            output = model(*inputs)
+            if replica.normalised:      # the driver divides by the union's normaliser
+                loss, multiplier, normaliser = loss_terms(replica.criterion, output, target)
+            elif replica.sample_weights:
+                loss = replica.per_sample_criterion(output, target)
+            else:
+                loss = replica.criterion(output, target)
         if replica.sample_weights:
             # sum of w_i * loss_i; the driver divides the summed vector by the union's sum of w
             per_sample = loss.reshape(loss.shape[0], -1).mean(1)
             loss = (per_sample * torch.from_numpy(np.asarray(sample_weights)).to(
                 per_sample.device, per_sample.dtype)).sum()
-            report.weight_sum += float(np.sum(sample_weights, dtype=np.float64))
-            # divided by the batch size to keep float16 in range; the driver multiplies back
-            weight, factor = 1.0, step.loss_scale / step.batch_size
+            multiplier, normaliser = 1.0, float(np.sum(sample_weights, dtype=np.float64))
+        if replica.sample_weights or replica.normalised:
+            report.normaliser += normaliser
+            if loss is None:            # no target of this chunk counts
+                continue
+            # the loss sum over the batch size (float16 range); the driver multiplies back
+            weight = multiplier
+            factor = multiplier / step.batch_size * step.loss_scale
         else:
             weight = len(chunk) / step.batch_size if mean else 1.0
             factor = weight * step.loss_scale               # the scale is 1 or a power of 2

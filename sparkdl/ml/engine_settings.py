@@ -24,7 +24,7 @@ __all__ = ["METRIC_NAMES", "validation_metrics", "end_trigger", "configure_engin
 
 METRIC_NAMES = ("loss", "accuracy", "mae")
 """Names ``validationMetrics`` accepts: the criterion's mean, top-1 accuracy (one output per row
-is a logit: class 1 when it is > 0, as in ``transform``), mean absolute error."""
+is a logit: class 1 when it is > 0, as in ``transform``; a probability under ``BCELoss``), mean absolute error."""
 
 CHECKPOINTS_KEPT = 2
 """Checkpoints an estimator keeps in ``checkpointDir`` (one is written after every epoch)."""
@@ -34,7 +34,7 @@ def _metric(name: str) -> ValidationMetric:
     if name == "loss":
         return Loss()
     if name == "accuracy":
-        return Top1Accuracy(threshold=0.0)
+        return Top1Accuracy()
     return MAE()
 
 

@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 from typing import Any, Callable
 
@@ -34,6 +35,7 @@ from ..data.dataframe_partitions import default_parallelism
 from ..engine.distri_optimizer import DistriOptimizer
 from ..engine.rng_isolation import private_torch_rng
 from ..executor.step import as_model_input
+from ..losses import CLASS_INDEX_LOSSES
 from ..errors import InvalidArgumentError, ModelCriterionMismatchError, TrainingDataError
 from ..storage.file_systems import is_connect_session
 from ..transport.exchange import check_exchange
@@ -61,6 +63,39 @@ def _torch_optimizer(name: str, params: Any, lr: float, momentum: float,
     if name == "rmsprop":
         return torch.optim.RMSprop(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     return torch.optim.Adagrad(params, lr=lr, weight_decay=weight_decay)
+
+
+_FACTORY_KEYWORDS = {"lr": "learningRate", "momentum": "momentum", "weight_decay": "weightDecay"}
+"""Keyword arguments an ``optimizerFactory`` may take, and the Params they come from."""
+
+
+def _optimizer(stage: Any, params: Any) -> torch.optim.Optimizer:
+    """The optimizer of a fit: ``optimizer`` with ``learningRate``, ``momentum`` and
+    ``weightDecay``, or ``optimizerFactory(params, **keywords)``, given those of ``lr``,
+    ``momentum`` and ``weight_decay`` it names (so a tuning grid over ``learningRate`` reaches
+    it). A factory that takes none of them, with any of those Params set, is an error: the
+    Params would be silently ignored."""
+    get = stage.getOrDefault
+    factory = stage.optimizer_factory
+    if factory is None:
+        return _torch_optimizer(get("optimizer"), params, get("learningRate"), get("momentum"),
+                                get("weightDecay"))
+    signature = inspect.signature(factory).parameters
+    any_keyword = any(p.kind is p.VAR_KEYWORD for p in signature.values())
+    keywords = {k: get(param) for k, param in _FACTORY_KEYWORDS.items()
+                if k in signature or any_keyword}
+    ignored = [name for name in ("optimizer", *_FACTORY_KEYWORDS.values())
+               if stage.isSet(stage.getParam(name))
+               and name not in {_FACTORY_KEYWORDS[k] for k in keywords}]
+    if ignored:
+        raise InvalidArgumentError(
+            f"{type(stage).__name__} has both optimizerFactory and the Param"
+            f"{'s' if len(ignored) > 1 else ''} {', '.join(ignored)}, which the factory would "
+            "ignore. Either leave them unset, or let the factory take them as keyword "
+            "arguments: optimizerFactory=lambda params, lr, momentum, weight_decay: "
+            "torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay) "
+            "(any of lr, momentum, weight_decay; the optimizer Param cannot be combined).")
+    return factory(params, **keywords)
 
 
 class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
@@ -117,6 +152,12 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
         if self.criterion is None:
             raise InvalidArgumentError(f"{type(self).__name__} has no criterion: pass "
                                        "criterion=torch.nn.CrossEntropyLoss() or another loss.")
+        if self._classifier and isinstance(self.criterion, nn.BCELoss):
+            raise InvalidArgumentError(
+                f"{type(self).__name__} reads one output per row as a logit (transform's "
+                "probability is its sigmoid), but BCELoss takes probabilities: drop the model's "
+                "final Sigmoid and use torch.nn.BCEWithLogitsLoss (numerically safer too), or "
+                "use NNEstimator.")
         get = self.getOrDefault
         sources = _input_sources(self, dataset)
         label_col = get("labelCol")
@@ -137,6 +178,7 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
                 raise InvalidArgumentError(
                     f"The initialModel of {type(self).__name__} does not fit its model: "
                     f"{str(exc).splitlines()[0]} ...") from exc
+        optimizer = _optimizer(self, model.parameters())    # before any cluster work
         spark = dataset.sparkSession
         connect = is_connect_session(spark)
         if connect:   # before any cluster work: can the weights travel?
@@ -150,17 +192,16 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
             train_df = dataset.filter(~F.col(indicator))
             val_df = dataset.filter(F.col(indicator))
         float_dtype = numpy_float_dtype(model)
+        class_index = isinstance(self.criterion, CLASS_INDEX_LOSSES)
+        ignore_label = getattr(self.criterion, "ignore_index", None) if class_index else None
 
         def blocks(df: DataFrame) -> Any:   # an RDD on classic sessions, DataFrames on Connect
             data = frame_blocks(df, sources, label_col, self._classifier, shape,
-                                self.preprocess, workers, float_dtype, weight_col)
+                                self.preprocess, workers, float_dtype, weight_col,
+                                class_index, ignore_label)
             return data if connect else data.to_rdd()
 
         train_data = blocks(train_df)
-        params = model.parameters()
-        optimizer = (self.optimizer_factory(params) if self.optimizer_factory else
-                     _torch_optimizer(get("optimizer"), params, get("learningRate"),
-                                      get("momentum"), get("weightDecay")))
         scheduler = self.lr_scheduler(optimizer) if self.lr_scheduler is not None else None
         engine = DistriOptimizer(model, train_data, self.criterion, optimizer,
                                  batch_size=get("batchSize"), end_trigger=end_trigger(self),
@@ -361,7 +402,10 @@ class NNEstimator(_NNEstimatorBase, NNParams):
         model: an ``nn.Module`` (copied, never mutated) or a zero-argument factory.
         criterion: the loss, e.g. ``torch.nn.MSELoss()``.
         preprocess: optional function applied to each batch of features (numpy) on the executors.
-        optimizerFactory: optional ``params -> torch.optim.Optimizer``; overrides ``optimizer``.
+        optimizerFactory: optional ``params -> torch.optim.Optimizer``, used instead of
+            ``optimizer``; it may take keyword arguments ``lr``, ``momentum``, ``weight_decay``,
+            given from ``learningRate``, ``momentum``, ``weightDecay`` (so tuning grids reach
+            it); setting those Params for a factory that does not take them is an error.
         augment: optional ``(features, rng) -> features`` run in the tasks on every training
             batch (after ``preprocess``; the list of arrays with ``inputCols``), ``rng`` a numpy
             Generator seeded by (seed, iteration, partition): bitwise reproducible, never
