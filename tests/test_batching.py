@@ -60,3 +60,82 @@ def test_iteration_to_epoch_and_step():
     assert plan.epoch_and_step(0) == (0, 0)
     assert plan.epoch_and_step(5) == (1, 1)
     assert [plan.batch_size_at(s) for s in range(4)] == [3, 3, 3, 1]
+
+
+def _stored_order_shares(sizes, batch):
+    """The plan as it was built before (an owner per sample of the epoch, from a stable argsort
+    of the float keys (k + 1/2) / m): the reference the O(partitions) plan must equal."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    keys = [(np.arange(m, dtype=np.float64) + 0.5) / m for m in sizes if m > 0]
+    owners = [np.full(m, i, dtype=np.int32) for i, m in enumerate(sizes) if m > 0]
+    owner = (np.concatenate(owners)[np.argsort(np.concatenate(keys), kind="stable")]
+             if keys else np.zeros(0, np.int32))
+    n = int(sizes.sum())
+    for lo in range(0, max(n, 1), batch):
+        hi = min(lo + batch, n)
+        starts = np.bincount(owner[:lo], minlength=len(sizes))
+        yield starts, np.bincount(owner[lo:hi], minlength=len(sizes))
+
+
+def _random_layouts(count, seed=0):
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        p = int(rng.integers(1, 50))
+        kind = rng.integers(0, 4)
+        if kind == 0:      # small, with empty partitions
+            sizes = rng.integers(0, 30, p)
+        elif kind == 1:    # skewed: a few huge partitions among tiny ones
+            sizes = np.where(rng.random(p) < 0.2, rng.integers(1000, 100_000, p),
+                             rng.integers(0, 3, p))
+        elif kind == 2:    # equal sizes and multiples of each other: many exact ties
+            sizes = int(rng.integers(1, 40)) * rng.choice([1, 2, 3, 4, 6], p)
+        else:              # more partitions than samples
+            sizes = (rng.random(p) < 0.3).astype(np.int64)
+        n = int(sizes.sum())
+        for batch in {1, 2, 7, max(1, n // 3), max(1, n), n + 5}:
+            yield sizes.tolist(), batch
+
+
+def test_the_partition_state_plan_gives_the_batches_of_the_stored_order():
+    checked = 0
+    for sizes, batch in list(_random_layouts(120)) + [([1, 100_000], 1000), ([3, 3, 3], 2),
+                                                      ([2, 4, 8, 16], 5), ([0, 0, 4], 3)]:
+        if sum(sizes) // batch > 3000:
+            continue      # the reference's cost grows with the number of steps
+        plan = BatchPlan(sizes, batch, seed=0)
+        expected = list(_stored_order_shares(sizes, batch))
+        assert plan.iterations_per_epoch == len(expected)
+        steps = range(plan.iterations_per_epoch)
+        if len(steps) > 200:    # every step's start is a prefix count: a sample of them does
+            steps = sorted(set(np.random.default_rng(len(sizes)).choice(steps, 200).tolist()))
+        for step in list(steps) + [0, plan.iterations_per_epoch - 1]:
+            starts, counts = plan.shares(0, step)
+            np.testing.assert_array_equal(starts, expected[step][0], err_msg=f"{sizes} {batch}")
+            np.testing.assert_array_equal(counts, expected[step][1], err_msg=f"{sizes} {batch}")
+            checked += 1
+    assert checked > 3000
+
+
+def test_the_plan_of_a_hundred_million_samples_takes_little_driver_memory():
+    import tracemalloc
+
+    rng = np.random.default_rng(1)
+    sizes = rng.integers(1, 200_000, 1000)
+    sizes = (sizes * (100_000_000 / sizes.sum())).astype(np.int64)
+    sizes[0] += 100_000_000 - int(sizes.sum())
+    tracemalloc.start()
+    try:
+        plan = BatchPlan(sizes, 1_000_000, seed=0)
+        totals = np.zeros(len(sizes), np.int64)
+        for step in range(plan.iterations_per_epoch):      # 100 steps: the whole epoch
+            starts, counts = plan.shares(0, step)
+            assert counts.sum() == plan.batch_size_at(step)
+            np.testing.assert_array_equal(starts, totals)
+            totals += counts
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(totals, sizes)          # every sample once
+    assert plan.num_samples == 100_000_000
+    assert peak < 200 * 2**20, f"peak {peak / 2**20:.1f} MiB"
+    assert peak < 20 * 2**20    # in fact O(partitions): well under a megabyte per partition
