@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import sys
 
 import mlflow
 import numpy as np
@@ -16,10 +17,12 @@ from pyspark.ml.evaluation import MulticlassClassificationEvaluator
 from pyspark.ml.feature import StandardScaler
 
 from df_helpers import blobs, mlp4, vector_df
-from sparkdl import DistriOptimizer, Loss, NNClassifier, NNEstimator, Top1Accuracy
+from sparkdl import (DistriOptimizer, InvalidArgumentError, Loss, NNClassifier, NNEstimator,
+                     Top1Accuracy)
 from sparkdl.data.batch_plan import BatchPlan
 from sparkdl.engine.mlflow_tracking import SUMMARY_ARTIFACT
 from sparkdl.ml.mlflow_models import log_pytorch_model
+from sparkdl.ml.mlflow_runs import check_logging
 from sparkdl.runners import LocalPartitions
 from sparkdl.triggers import EveryEpoch, MaxEpoch
 
@@ -107,6 +110,22 @@ def test_engine_without_an_active_run_creates_and_ends_its_own(client):
     assert run.info.status == "FINISHED" and run.info.run_name == "engine run"
     assert len(history(client, opt.mlflow_run_id, "train/loss")) == 5
     assert mlflow.active_run() is None
+
+
+def test_set_mlflow_checks_its_arguments_and_that_mlflow_is_installed(monkeypatch):
+    opt = engine(local_data(), epochs=1)
+    with pytest.raises(InvalidArgumentError, match=r"'flush_interval_s' argument .* positive"):
+        opt.set_mlflow(flush_interval_s=0)
+    with pytest.raises(InvalidArgumentError, match=r"'run_id' argument .* non-empty string"):
+        opt.set_mlflow(run_id="")
+    with pytest.raises(InvalidArgumentError, match=r"'params' argument .* string keys"):
+        opt.set_mlflow(params={1: "a"})
+    monkeypatch.setitem(sys.modules, "mlflow", None)       # as if it were not installed
+    with pytest.raises(InvalidArgumentError, match=r"pip install 'sparkdl\[mlflow\]'"):
+        opt.set_mlflow()
+    with pytest.raises(InvalidArgumentError, match=r"NNClassifier \(mlflowLogging=True\) logs "
+                                                   r"to MLflow, which is not installed"):
+        check_logging(classifier(mlflowLogging=True))
 
 
 def test_fit_logs_params_loss_per_iteration_and_validation_metrics_to_the_active_run(
