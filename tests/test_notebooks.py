@@ -43,7 +43,9 @@ def test_notebook_runs_and_plots(name, tmp_path, monkeypatch):
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
               if o.output_type == "error"]
     assert errors == []
-    for tag in ("curves", "confusion-matrix"):
+    tags = ("curves", "confusion-matrix") + (("mlflow",) if name == "quickstart_dataframe.ipynb"
+                                             else ())
+    for tag in tags:
         images = [o for o in tagged(nb, tag).outputs if "image/png" in o.get("data", {})]
         assert images, f"cell {tag!r} drew no plot"
     bars = [o for o in tagged(nb, "fit").outputs

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -56,6 +56,8 @@ from .arguments import (check_criterion, check_lr_scheduler, check_optimizer,
 from .checkpointing import CheckpointSetup, Checkpoints
 from .clipping import GradientClipping, check_norm_clipping, check_value_clipping
 from .loss_scaling import PRECISIONS, LossScaler
+from .mlflow_tracking import (FINISH_TIMEOUT_S, FLUSH_INTERVAL_S, MlflowSetup, MlflowTracker,
+                              active_run_id, check_mlflow, engine_params)
 from .data_checks import DataSpec, dry_run, summarize
 from .progress import check_tensorboard
 from .run_context import RunContext, RunSettings
@@ -251,6 +253,8 @@ class DistriOptimizer:
         self._validation: Validation | None = None
         self._checkpoint_setup: CheckpointSetup | None = None
         self._clipping: GradientClipping | None = None
+        self._mlflow: MlflowSetup | None = None
+        self.mlflow_run_id: str | None = None
         self.summary = TrainingSummary()
         self.iteration = 0
         self.data_spec: DataSpec | None = None
@@ -402,6 +406,64 @@ class DistriOptimizer:
         self.settings = dataclasses.replace(self.settings, tensorboard_dir=log_dir)
         return self
 
+    def set_mlflow(self, run_id: str | None = None, *, parent_run_id: str | None = None,
+                   run_name: str | None = None, params: Mapping[str, Any] | None = None,
+                   tags: Mapping[str, str] | None = None,
+                   flush_interval_s: float = FLUSH_INTERVAL_S,
+                   finish_timeout_s: float = FINISH_TIMEOUT_S) -> "DistriOptimizer":
+        """Also log the run to MLflow (needs ``pip install 'sparkdl[mlflow]'``; checked now):
+        the settings as parameters once, then ``train/loss``, ``train/samples_per_s``,
+        ``train/learning_rate`` per iteration and ``validation/<metric>`` per validation with
+        ``step`` = the iteration, and the summary as the artifact
+        ``sparkdl/training_summary.json`` (:mod:`sparkdl.engine.mlflow_tracking`).
+
+        The run: ``run_id`` (left open); else a new child run of ``parent_run_id``; else the run
+        active in the thread that calls :meth:`optimize`; else a new run (``run_name``) in
+        MLflow's current experiment. A run created here ends with :meth:`optimize`. ``params``
+        replaces the engine's settings as the run's parameters (the estimators pass their
+        Params); ``tags`` are set on the run. Values travel from a background thread every
+        ``flush_interval_s``; :meth:`optimize` waits at most ``finish_timeout_s`` at its end.
+        A tracking server that is down or fails never fails training: a warning says why and
+        training goes on. The run's id is in ``mlflow_run_id`` after :meth:`optimize`.
+
+        Example::
+
+            mlflow.set_tracking_uri("sqlite:///mlflow.db")
+            with mlflow.start_run():
+                opt.set_mlflow().optimize()
+        """
+        owner = f"{_OWNER}.set_mlflow"
+        for name, value in (("run_id", run_id), ("parent_run_id", parent_run_id),
+                            ("run_name", run_name)):
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise argument_error(name, owner, "a non-empty string or None", value)
+        for name, mapping in (("params", params), ("tags", tags)):
+            if mapping is not None and (not isinstance(mapping, Mapping) or
+                                        not all(isinstance(k, str) for k in mapping)):
+                raise argument_error(name, owner, "a dict with string keys or None", mapping)
+        for name, seconds in (("flush_interval_s", flush_interval_s),
+                              ("finish_timeout_s", finish_timeout_s)):
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or \
+                    not seconds > 0:
+                raise argument_error(name, owner, "a positive number of seconds", seconds)
+        check_mlflow(owner)
+        self._mlflow = MlflowSetup(run_id, parent_run_id, run_name,
+                                   dict(params) if params is not None else None,
+                                   {k: str(v) for k, v in (tags or {}).items()},
+                                   float(flush_interval_s), float(finish_timeout_s))
+        return self
+
+    def _mlflow_tracker(self, plan: BatchPlan) -> MlflowTracker | None:
+        setup = self._mlflow
+        if setup is None:
+            return None
+        import mlflow
+
+        params = setup.params if setup.params is not None else engine_params(self, plan)
+        tracker = MlflowTracker(setup, params, mlflow.get_tracking_uri(), active_run_id())
+        tracker.start()
+        return tracker
+
     # ----------------------------------------------------------------------------- training
     def optimize(self) -> nn.Module:
         """Train until the end trigger fires; return the trained model (the same object)."""
@@ -419,6 +481,8 @@ class DistriOptimizer:
         resumed = checkpoints.latest(self.model) if checkpoints is not None else None
         dtype = self.layout.data_dtype.str
         ctx: RunContext | None = None
+        tracker: MlflowTracker | None = None
+        failure: BaseException | None = None
         try:
             train = runner.load(self.training_rdd, "training", dtype, self.sequence_inputs)
             self.data_spec = summarize(train.summaries, "training")
@@ -448,7 +512,12 @@ class DistriOptimizer:
             log.info("training on %d samples in %d partitions: global batch %d, %d iterations "
                      "per epoch, %s", plan.num_samples, plan.num_partitions, self.batch_size,
                      plan.iterations_per_epoch, how)
+            tracker = self._mlflow_tracker(plan)
+            ctx.listeners = [tracker] if tracker is not None else []
             TrainingLoop(ctx).run()
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
             if ctx is not None:
                 self.summary, self.iteration = ctx.summary, ctx.iteration
@@ -458,4 +527,7 @@ class DistriOptimizer:
             if self._validation is not None:
                 self._validation.held = None
             runner.close()
+            if tracker is not None:
+                tracker.finish(self.summary, failure)
+                self.mlflow_run_id = tracker.run_id
         return self.model

@@ -19,7 +19,7 @@ from __future__ import annotations
 import html
 import sys
 import time
-from typing import Any, TextIO
+from typing import Any, Sequence, TextIO
 
 from ..errors import InvalidArgumentError
 from .summary import IterationRecord, ValidationRecord
@@ -159,8 +159,9 @@ class TensorBoardSink:
 
 
 class ProgressReporter:
-    """The sinks of one run: a bar (console or notebook, when asked and possible) and an
-    optional TensorBoard writer.
+    """The sinks of one run: a bar (console or notebook, when asked and possible), an
+    optional TensorBoard writer, and ``listeners`` that the caller owns (fed the same records,
+    never closed here; e.g. :class:`sparkdl.engine.mlflow_tracking.MlflowTracker`).
 
     ``progress_bar``: True always draws a bar (in the notebook when in one, else on ``stderr``),
     False never does, None draws one only when interactive (a notebook or a terminal).
@@ -168,8 +169,10 @@ class ProgressReporter:
 
     def __init__(self, progress_bar: bool | None, tensorboard_dir: str | None,
                  iterations_per_epoch: int, total_iterations: int | None,
-                 start_iteration: int, stream: TextIO | None = None) -> None:
+                 start_iteration: int, stream: TextIO | None = None,
+                 listeners: Sequence[Any] = ()) -> None:
         self.sinks: list[Any] = []
+        self.listeners = list(listeners)
         self.console = False
         stream = stream if stream is not None else sys.stderr
         if progress_bar is not False:
@@ -184,11 +187,11 @@ class ProgressReporter:
             self.sinks.append(TensorBoardSink(tensorboard_dir))
 
     def iteration(self, record: IterationRecord) -> None:
-        for sink in self.sinks:
+        for sink in self.sinks + self.listeners:
             sink.iteration(record)
 
     def validation(self, record: ValidationRecord) -> None:
-        for sink in self.sinks:
+        for sink in self.sinks + self.listeners:
             sink.validation(record)
 
     def close(self) -> None:

@@ -78,6 +78,9 @@ class RunContext:
     checkpoints: Any = None       # sparkdl.engine.checkpointing.Checkpoints, or None
     clipping: Any = None          # sparkdl.engine.clipping.GradientClipping, or None
     loss_scaler: Any = None       # sparkdl.engine.loss_scaling.LossScaler for "16-mixed"
+    listeners: list[Any] = field(default_factory=list)
+    """Also fed every iteration and validation record (the MLflow tracker), owned by the
+    caller."""
     summary: TrainingSummary = field(default_factory=TrainingSummary)
     iteration: int = 0
     best_states: dict[int, dict[str, Any]] = field(default_factory=dict)

@@ -113,7 +113,7 @@ class TrainingLoop:
                 return
         reporter = ProgressReporter(ctx.settings.progress_bar, ctx.settings.tensorboard_dir,
                                     per_epoch, _total_iterations(ctx.end_trigger, per_epoch),
-                                    ctx.iteration)
+                                    ctx.iteration, listeners=ctx.listeners)
         try:
             self._iterate(reporter)
         finally:

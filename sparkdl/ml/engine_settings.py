@@ -3,7 +3,7 @@
 :func:`configure_engine` takes a :class:`~sparkdl.engine.distri_optimizer.DistriOptimizer` built
 by ``fit`` and applies what the estimator was asked for: validation metrics by name, early
 stopping on the validation rows, gradient clipping, checkpoints (resumed by default, like the
-engine). :func:`end_trigger` and :func:`validation_metrics` are also used by ``fit`` itself.
+engine), MLflow logging (:mod:`sparkdl.ml.mlflow_runs`). :func:`end_trigger` and :func:`validation_metrics` are also used by ``fit`` itself.
 
 Example::
 
@@ -18,6 +18,7 @@ from typing import Any
 
 from ..metrics import MAE, Loss, Top1Accuracy, ValidationMetric
 from ..triggers import EarlyStopping, EveryEpoch, MaxEpoch, Trigger
+from .mlflow_runs import configure_mlflow
 
 __all__ = ["METRIC_NAMES", "validation_metrics", "end_trigger", "configure_engine",
            "CHECKPOINTS_KEPT"]
@@ -60,7 +61,8 @@ def end_trigger(stage: Any) -> Trigger:
 
 
 def configure_engine(stage: Any, engine: Any, validation_data: Any) -> None:
-    """Validation (every epoch, when there are validation rows), clipping and checkpoints."""
+    """Validation (every epoch, when there are validation rows), clipping, checkpoints and
+    MLflow logging."""
     get = stage.getOrDefault
     if validation_data is not None:
         engine.set_validation(validation_data, EveryEpoch(), validation_metrics(stage))
@@ -69,3 +71,4 @@ def configure_engine(stage: Any, engine: Any, validation_data: Any) -> None:
     if get("checkpointDir"):
         engine.set_checkpoint(get("checkpointDir"), EveryEpoch(), keep_last=CHECKPOINTS_KEPT,
                               resume=True)
+    configure_mlflow(stage, engine)

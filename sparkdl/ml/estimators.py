@@ -42,6 +42,8 @@ from ..transport.exchange import check_exchange
 from ..transport.flat_layout import ParamLayout
 from .engine_settings import configure_engine, end_trigger
 from .inference import predict_column
+from .mlflow_models import training_example
+from .mlflow_runs import check_logging, fit_multiple
 from .params import NNClassifierParams, NNParams, validate_params
 from .persistence import NNModelReader, NNModelWriter, NNStageReader, NNStageWriter
 
@@ -149,6 +151,7 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
 
     def _fit(self, dataset: DataFrame) -> Any:
         validate_params(self)
+        check_logging(self)
         if self.criterion is None:
             raise InvalidArgumentError(f"{type(self).__name__} has no criterion: pass "
                                        "criterion=torch.nn.CrossEntropyLoss() or another loss.")
@@ -227,7 +230,14 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
         fitted._resetUid(self.uid)
         self._copyValues(fitted)
         fitted.summary_frame = _epoch_summary(engine)
+        fitted.mlflow_run_id, fitted.training_example = engine.mlflow_run_id, \
+            training_example(engine)
         return fitted
+
+    def fitMultiple(self, dataset: DataFrame, paramMaps: Any) -> Any:
+        """Fit one model per param map (pyspark's contract); with ``mlflowLogging`` each fit
+        logs to a child run of the MLflow run active here (:mod:`sparkdl.ml.mlflow_runs`)."""
+        return fit_multiple(self, dataset, paramMaps)
 
     def _model_class(self) -> type:
         return NNClassifierModel if self._classifier else NNModel
@@ -302,6 +312,11 @@ class _NNModelBase(Model, MLWritable, MLReadable):
         self.collate = collate
         self.summary_frame: Any = None
         self.output_size = 0
+        self.mlflow_run_id: str | None = None
+        """The MLflow run the fit logged to (``mlflowLogging``), else None."""
+        self.training_example: list[np.ndarray] | None = None
+        """A few training rows as the module receives them (the model's arguments), for
+        :func:`sparkdl.ml.mlflow_models.log_pytorch_model`; not saved with the model."""
 
     @property
     def summary(self) -> Any:
@@ -420,7 +435,7 @@ class NNEstimator(_NNEstimatorBase, NNParams):
             featureShape, batchSize, maxEpoch, learningRate, optimizer, momentum, weightDecay,
             seed, numTrainWorkers, validationIndicatorCol, microBatchSize, inferenceBatchSize,
             checkpointDir, gradientClipNorm, earlyStoppingPatience, restoreBest,
-            validationMetrics, device, precision, tensorboardDir, progressBar.
+            validationMetrics, device, precision, tensorboardDir, progressBar, mlflowLogging.
 
     Example::
 

@@ -54,6 +54,10 @@ _OWN_PARAMS: dict[str, tuple[Any, str]] = {
     "tensorboardDir": (TypeConverters.toString,
                        "also write training and validation scalars for TensorBoard here "
                        "(\"\": off)"),
+    "mlflowLogging": (TypeConverters.toBoolean,
+                      "log the fit to MLflow (needs sparkdl[mlflow]): Params, per-iteration loss "
+                      "and throughput, validation metrics, summary; into the active run, a child "
+                      "run per fit under CrossValidator/TrainValidationSplit, else a new run"),
     "checkpointDir": (TypeConverters.toString,
                       "write the whole training state here after every epoch and resume from "
                       "the newest checkpoint found there (any Hadoop path; under Spark Connect a path "
@@ -98,7 +102,7 @@ class NNParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasBatchSize, HasL
                          learningRate=1e-3, optimizer="adam", momentum=0.0, weightDecay=0.0,
                          seed=0, numTrainWorkers=0, validationIndicatorCol="",
                          microBatchSize=0, inferenceBatchSize=1024, progressBar=True,
-                         tensorboardDir="", device="auto", precision="32",
+                         tensorboardDir="", mlflowLogging=False, device="auto", precision="32",
                          checkpointDir="", gradientClipNorm=0.0, earlyStoppingPatience=0,
                          restoreBest=True, validationMetrics=[], sequenceCols=[],
                          paddingValue=0.0, weightCol="", exchangeDir="")
