@@ -1,6 +1,6 @@
 """What a job costs on Spark Connect as the bytes shipped to its tasks grow: inside the
 function (the closure travels in the plan) against a file in an exchange directory (what
-``exchangeDir`` does). Behind :data:`sparkdl.transport.exchange.CLOSURE_MAX_BYTES`.
+``exchangeDir`` does). Behind :data:`sparkdl.executor.exchange.CLOSURE_MAX_BYTES`.
 
     python bench/connect_closure.py                 # 0.25 .. 16 MiB, 3 jobs each, 4 partitions
 
@@ -23,7 +23,7 @@ import pyarrow as pa
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from sparkdl.transport.exchange import Exchange  # noqa: E402
+from sparkdl.executor.exchange import Exchange  # noqa: E402
 
 SIZES_MIB = (0.25, 1, 4, 8, 16)   # 32 MiB in a closure killed the server (out of heap)
 

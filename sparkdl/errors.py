@@ -42,3 +42,8 @@ class NonFiniteError(SparkdlError, FloatingPointError):
         self.iteration = iteration
         self.state_dict = state_dict
         self.checkpoint = checkpoint
+
+
+class ExchangeError(SparkdlError):
+    """A file in the exchange directory is not what the driver wrote (its content does not hash
+    to the name it was shipped under)."""

@@ -148,7 +148,7 @@ class DistriOptimizer:
             metrics ignore the weights.
         exchange_dir: for the DataFrame runner that the estimators use under Spark Connect
             (:mod:`sparkdl.runners.connect_dataframe`): where weights above
-            :data:`sparkdl.transport.exchange.CLOSURE_MAX_BYTES` travel; unused by RDD runs.
+            :data:`sparkdl.executor.exchange.CLOSURE_MAX_BYTES` travel; unused by RDD runs.
 
     Example::
 

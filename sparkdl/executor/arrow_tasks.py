@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..transport.allreduce import sum_in_order
-from ..transport.exchange import Payload, drop_payloads
+from .exchange import Payload, drop_payloads
 from .replicas import drop_replica
 from .shard_store import drop_run, open_shard
 from .tasks import ShardBuildTask
@@ -97,7 +97,7 @@ def _result_rows(partition: int, summary: bytes | None, result: bytes
 
 @dataclass(frozen=True)
 class PayloadValue:
-    """A :class:`~sparkdl.transport.exchange.Payload` read as a task expects a broadcast:
+    """A :class:`~sparkdl.executor.exchange.Payload` read as a task expects a broadcast:
     ``.value`` is the bytes (``kind="bytes"``, e.g. the cloudpickled model that the task
     unpickles itself) or a flat array of ``dtype`` (``"array"``)."""
 

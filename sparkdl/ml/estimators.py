@@ -38,7 +38,7 @@ from ..executor.step import as_model_input
 from ..losses import CLASS_INDEX_LOSSES
 from ..errors import InvalidArgumentError, ModelCriterionMismatchError, TrainingDataError
 from ..storage.file_systems import is_connect_session
-from ..transport.exchange import check_exchange
+from ..executor.exchange import check_exchange
 from ..transport.flat_layout import ParamLayout
 from .engine_settings import configure_engine, end_trigger
 from .inference import predict_column

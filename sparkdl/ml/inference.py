@@ -19,7 +19,7 @@ from ..data.ragged import Ragged, model_arguments
 from ..executor.devices import task_device
 from ..executor.step import as_model_input, autocast, set_task_threads
 from ..executor.worker_cache import WorkerCache
-from ..transport.exchange import Exchange, Payload
+from ..executor.exchange import Exchange, Payload
 
 __all__ = ["predict_column"]
 
@@ -83,7 +83,7 @@ def predict_column(model: torch.nn.Module, sources: Sequence[FeatureSource],
     one output per row is a logit (probability ``sigmoid``), several are softmaxed.
     Otherwise: ``double`` when the model has one output per row, else ``array<double>``.
     With ``exchange_dir`` (Spark Connect) a model above the closure limit reaches the tasks as
-    a file there (:mod:`sparkdl.transport.exchange`), not inside the UDF; the file stays for
+    a file there (:mod:`sparkdl.executor.exchange`), not inside the UDF; the file stays for
     the lazy DataFrame's later evaluations.
     """
     from pyspark import cloudpickle

@@ -9,7 +9,7 @@ have no SparkContext, RDDs, broadcasts or py4j (the second :class:`IterationRunn
   partitions' input rows builds them where it runs and computes the same step
   (:class:`ConnectData.fill`). Nothing depends on a worker keeping anything.
 * The model and the weights travel inside the tasks' functions while small and through files
-  in ``exchange_dir`` when large (:mod:`sparkdl.transport.exchange`).
+  in ``exchange_dir`` when large (:mod:`sparkdl.executor.exchange`).
 * One iteration: the gradient map over the index rows, then either the client sums the
   partitions' vectors in partition order (driver path), or ``repartitionById(K, "k")`` brings
   block ``k`` of every task to partition ``k``, which sums them in partition order (shuffle
@@ -54,7 +54,7 @@ from ..storage.arrow_files import ArrowFiles
 from ..transport.allreduce import (AllReduceResult, DriverAllReduce, block_bounds,
                                   choose_allreduce, sum_in_order)
 from ..transport.codecs import make_codec
-from ..transport.exchange import Exchange, Payload, check_exchange
+from ..executor.exchange import Exchange, Payload, check_exchange
 from ..transport.flat_layout import ParamLayout
 from .cached_rdd import check_unchanged, lost_data_reason, memory_kill_reason, shard_place
 from .interface import PartitionMetrics, RunnerOptions
@@ -173,7 +173,7 @@ class ConnectDataFrameRunner:
     Args:
         spark: the session.
         exchange_dir: where large weights travel (required for models above
-            :data:`~sparkdl.transport.exchange.CLOSURE_MAX_BYTES`).
+            :data:`~sparkdl.executor.exchange.CLOSURE_MAX_BYTES`).
     """
 
     spark_context = None
@@ -216,8 +216,13 @@ class ConnectDataFrameRunner:
 
     def load(self, data: Any, name: str, float_dtype: str,
              ragged: tuple[int, ...] = ()) -> ConnectData:
-        place = shard_place({"spark.io.encryption.enabled":
-                             self._conf("spark.io.encryption.enabled", "false")})
+        try:
+            encryption = str(self.spark.conf.get("spark.io.encryption.enabled", "false"))
+        except Exception as exc:     # fail closed: an unknown setting keeps shards off disk
+            log.warning("cannot read spark.io.encryption.enabled (%s); keeping shards in the "
+                        "Python workers' memory, as with encryption on", exc)
+            encryption = "true"
+        place = shard_place({"spark.io.encryption.enabled": encryption})
         held = ConnectData(data, float_dtype, name, place, ragged)
         self._held.append(held)
         held.build()

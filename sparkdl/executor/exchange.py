@@ -20,6 +20,12 @@ Example::
     payload = exchange.ship(weights.tobytes(), "weights-7")      # inline or a file
     data = payload.read()                                        # in a task
     exchange.close()                                             # deletes the run's files
+
+Files are never trusted: a payload carries the SHA-256 of its bytes and its file name holds it, a
+task refuses a file whose content does not hash to it (:class:`~sparkdl.errors.ExchangeError`),
+and the driver never reuses a same-named file it did not verify. On local and mounted paths the
+run's directory is ``0700`` and its files ``0600``; on object stores and HDFS the store's own
+access control applies.
 """
 
 from __future__ import annotations
@@ -30,9 +36,9 @@ import os
 import uuid
 from dataclasses import dataclass
 
-from ..errors import InvalidArgumentError
-from ..executor.worker_cache import WorkerCache
+from ..errors import ExchangeError, InvalidArgumentError
 from ..storage.arrow_files import ArrowFiles
+from .worker_cache import WorkerCache
 
 __all__ = ["CLOSURE_MAX_BYTES", "FILE_ABOVE_BYTES", "Payload", "Exchange", "check_exchange",
            "drop_payloads"]
@@ -58,22 +64,39 @@ def drop_payloads() -> None:
         _READ.pop(key)
 
 
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 @dataclass(frozen=True)
 class Payload:
-    """Bytes for the tasks: ``inline``, or the file ``name`` in ``directory``."""
+    """Bytes for the tasks: ``inline``, or the file ``name`` in ``directory`` whose content
+    hashes (SHA-256) to ``digest``."""
 
     key: str
     inline: bytes | None = None
     directory: str | None = None
     name: str | None = None
+    digest: str = ""
 
     def read(self) -> bytes:
-        """The bytes (a file is read once per Python worker)."""
+        """The bytes (a file is read once per Python worker and verified against ``digest``)."""
         if self.inline is not None:
             return self.inline
         assert self.directory is not None and self.name is not None
-        directory, name = self.directory, self.name
-        return _READ.get_or_create(self.key, lambda: ArrowFiles().read(directory, name))
+        return _READ.get_or_create(self.key, self._read_verified)
+
+    def _read_verified(self) -> bytes:
+        assert self.directory is not None and self.name is not None
+        data = ArrowFiles().read(self.directory, self.name)
+        found = _digest(data)
+        if found != self.digest:
+            raise ExchangeError(
+                f"The exchange file {self.directory}/{self.name} does not hold what the driver "
+                f"wrote: its SHA-256 is {found[:16]}..., expected {self.digest[:16]}... Another "
+                "writer changed or planted it; refusing to load it. Make exchangeDir a "
+                "directory only this application's user can write.")
+        return data
 
 
 def check_exchange(state_bytes: int, directory: str | None, owner: str = "exchangeDir") -> None:
@@ -98,6 +121,7 @@ class Exchange:
             directory = os.path.abspath(directory[5:] if directory.startswith("file:")
                                         else directory)
         self.directory = (f"{directory.rstrip('/')}/{run_key}" if directory else None)
+        self.local = directory is not None and "://" not in directory
         self.limit = limit
         self._files = ArrowFiles()
         self._written: list[str] = []
@@ -105,24 +129,48 @@ class Exchange:
     def by_file(self, size: int) -> bool:
         return self.directory is not None and size > self.limit
 
+    def _write(self, file_name: str, data: bytes) -> None:
+        """Write privately: a fresh temporary name, then a rename (``0600`` in a ``0700``
+        directory on local paths)."""
+        assert self.directory is not None
+        if self.local:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            os.chmod(self.directory, 0o700)
+        tmp = f".{file_name}.{uuid.uuid4().hex[:8]}.tmp"
+        self._files.write(self.directory, tmp, data)
+        if self.local:
+            os.chmod(os.path.join(self.directory, tmp), 0o600)
+        self._files.replace(self.directory, tmp, file_name)
+
+    def _holds(self, file_name: str, digest: str) -> bool:
+        """Whether ``file_name`` exists and holds exactly the bytes hashing to ``digest``."""
+        assert self.directory is not None
+        if file_name not in self._files.names(self.directory):
+            return False
+        if _digest(self._files.read(self.directory, file_name)) == digest:
+            return True
+        log.warning("the exchange file %s/%s does not hold the bytes its name says; "
+                    "replacing it", self.directory, file_name)
+        return False
+
     def ship(self, data: bytes, name: str, unique: bool = True) -> Payload:
         """``data`` as a :class:`Payload` (key: content hash, plus a random suffix when
-        ``unique``). Not ``unique``: the file is ``<name>.bin``, written once and kept."""
-        digest = hashlib.sha1(data).hexdigest()
+        ``unique``). Not ``unique``: the file is ``<name>-<hash>.bin``, written once (after
+        checking any file already there) and kept."""
+        digest = _digest(data)
         key = f"{digest}-{uuid.uuid4().hex[:8]}" if unique else digest
         if not self.by_file(len(data)):
             return Payload(key, inline=data)
         assert self.directory is not None
         if not unique:
-            file_name = f"{name}.bin"
-            if file_name not in self._files.names(self.directory):
-                self._files.write(self.directory, f".{file_name}.tmp", data)
-                self._files.replace(self.directory, f".{file_name}.tmp", file_name)
-            return Payload(key, directory=self.directory, name=file_name)
-        file_name = f"{name}-{uuid.uuid4().hex[:8]}.bin"
-        self._files.write(self.directory, file_name, data)
+            file_name = f"{name}-{digest[:16]}.bin"
+            if not self._holds(file_name, digest):
+                self._write(file_name, data)
+            return Payload(key, directory=self.directory, name=file_name, digest=digest)
+        file_name = f"{name}-{digest[:16]}-{uuid.uuid4().hex[:8]}.bin"
+        self._write(file_name, data)
         self._written.append(file_name)
-        return Payload(key, directory=self.directory, name=file_name)
+        return Payload(key, directory=self.directory, name=file_name, digest=digest)
 
     def discard(self, payload: Payload) -> None:
         """Delete ``payload``'s file (once its job has ended)."""
