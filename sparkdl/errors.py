@@ -8,19 +8,31 @@ from __future__ import annotations
 
 
 class SparkdlError(Exception):
-    """Base class of the errors sparkdl raises on purpose."""
+    """Base class of the errors sparkdl raises on purpose.
+
+    ``permanent``: raised in a task, a retry cannot fix it (the same input gives the same error),
+    so the task reports it instead of failing, Spark does not retry it, and the driver raises the
+    same class with the same message (:func:`permanent_error`)."""
+
+    permanent = False
 
 
 class InvalidArgumentError(SparkdlError, ValueError):
     """An argument given to the engine (or a Param of an estimator) has a wrong type or value."""
 
+    permanent = True
+
 
 class TrainingDataError(SparkdlError, ValueError):
     """The training or validation data cannot be used: bad shapes, types, labels or sizes."""
 
+    permanent = True
+
 
 class ModelCriterionMismatchError(SparkdlError, ValueError):
     """The model's output does not fit the criterion (or the labels)."""
+
+    permanent = True
 
 
 class CheckpointError(SparkdlError):
@@ -47,3 +59,22 @@ class NonFiniteError(SparkdlError, FloatingPointError):
 class ExchangeError(SparkdlError):
     """A file in the exchange directory is not what the driver wrote (its content does not hash
     to the name it was shipped under)."""
+
+    permanent = True
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [cls] + [c for sub in cls.__subclasses__() for c in _subclasses(sub)]
+
+
+def permanent_error(name: str, message: str) -> SparkdlError:
+    """The driver's copy of a permanent error a task reported by class name: the same sparkdl
+    class (never an arbitrary one: only subclasses of :class:`SparkdlError` are looked up), with
+    the same message."""
+    for cls in _subclasses(SparkdlError):
+        if cls.__name__ == name and cls.permanent:
+            try:
+                return cls(message)
+            except TypeError:
+                break
+    return SparkdlError(f"{name}: {message}")

@@ -2,7 +2,9 @@
 
     python gpu_cluster_job.py MODE DISCOVERY_SCRIPT MARKER_DIR OUT.json OUT.pt
 
-MODE ``global``: every task asks for a GPU (spark.task.resource.gpu.amount=1).
+MODE ``global``: every task asks for a GPU (spark.task.resource.gpu.amount=1); then a run with
+``device="cuda"`` meets a task-side DeviceError (no CUDA here), which must reach the driver as
+itself after one attempt.
 MODE ``profile``: executors have GPUs but tasks ask for none by default; sparkdl's gradient stage
 asks for one through a task resource profile.
 
@@ -64,9 +66,29 @@ def main() -> None:
                           allreduce="shuffle", progress_bar=False)
     opt.optimize()
     torch.save(net.state_dict(), out_pt)
+    cuda = {}
+    if mode == "global":   # device="cuda" where CUDA is missing: a task-side DeviceError
+        sc.setJobGroup("cuda", "device=cuda without CUDA")
+        try:
+            other = SmallNet()
+            DistriOptimizer(other, make_rdd(sc, list(zip(x, y)), [40, 25, 35]),
+                            torch.nn.CrossEntropyLoss(),
+                            torch.optim.SGD(other.parameters(), lr=0.1),
+                            batch_size=16, end_trigger=MaxIteration(2), seed=5, device="cuda",
+                            progress_bar=False).optimize()
+        except Exception as exc:      # noqa: BLE001 - what reached the driver, as it is
+            cuda = {"type": type(exc).__name__, "module": type(exc).__module__,
+                    "message": str(exc)}
+        tracker = sc.statusTracker()
+        stages = [s for j in tracker.getJobIdsForGroup("cuda")
+                  for s in (tracker.getJobInfo(j).stageIds if tracker.getJobInfo(j) else [])]
+        cuda["failed_tasks"] = sum(tracker.getStageInfo(s).numFailedTasks for s in stages
+                                   if tracker.getStageInfo(s) is not None)
+        cuda["max_failures"] = sc.getConf().get("spark.task.maxFailures", "4")
     with open(out_json, "w") as f:
         json.dump({"etl": etl_seen, "markers": sorted(os.listdir(markers)),
-                   "log": [m for m in records if "device" in m or "GPU" in m]}, f)
+                   "log": [m for m in records if "device" in m or "GPU" in m],
+                   "cuda": cuda}, f)
     spark.stop()
 
 

@@ -122,6 +122,11 @@ def test_tasks_see_their_gpu_addresses_on_a_local_cluster(sc, tmp_path, mode):
     assert len({m.split("-")[1] for m in gradient_tasks}) == 2
     if mode == "global":
         assert all(len(a) == 1 for a in seen["etl"])          # every stage holds a GPU
+        # a task-side DeviceError reaches the driver as DeviceError, after one attempt each
+        cuda = seen["cuda"]
+        assert (cuda["type"], cuda["module"]) == ("DeviceError", "sparkdl.executor.devices")
+        assert "CUDA is not available in its Python worker" in cuda["message"]
+        assert cuda["failed_tasks"] == 0 and int(cuda["max_failures"]) > 1
     else:
         assert all(a == [] for a in seen["etl"])              # ETL stages hold none
         assert any("task resource profile" in m for m in seen["log"])

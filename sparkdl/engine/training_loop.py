@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import NonFiniteError, SparkdlError
+from ..errors import NonFiniteError, SparkdlError, permanent_error
 from ..executor.process_memory import current_rss_bytes
 from ..executor.step import StepSpec
 from ..transport.allreduce import AllReduceResult
@@ -133,6 +133,12 @@ class TrainingLoop:
         result = run_with_recovery(
             ctx.runner, ctx.train, lambda: ctx.runner.gradients(ctx.train, step, weights),
             lambda r: r.missing_partitions, f"iteration {ctx.iteration + 1}")
+        fatal = next((r for r in result.reports if r.fatal is not None), None)
+        if fatal is not None:       # raised in a task; a retry cannot fix it
+            name, message = fatal.fatal
+            log.error("iteration %d: the task of partition %d raised %s: %s", ctx.iteration + 1,
+                      fatal.partition, name, message)
+            raise permanent_error(name, message)
         if result.vector is None:
             raise SparkdlError(f"iteration {ctx.iteration + 1}: no partition produced a gradient")
         if ctx.settings.sample_weights or ctx.normalised_loss:

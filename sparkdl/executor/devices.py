@@ -28,6 +28,8 @@ import logging
 import os
 from dataclasses import dataclass
 
+from ..errors import SparkdlError
+
 __all__ = ["DEVICES", "DeviceChoice", "choose_device", "task_gpu_addresses", "task_device",
            "DeviceError"]
 
@@ -38,8 +40,10 @@ log = logging.getLogger("sparkdl")
 _LOGGED: set[tuple[str, str]] = set()
 
 
-class DeviceError(RuntimeError):
+class DeviceError(SparkdlError, RuntimeError):
     """A task cannot use the device it was asked for."""
+
+    permanent = True
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,7 @@ class TaskReport:
     grad_present: np.ndarray | None = None   # per trainable parameter: 1 if it got a gradient
     buffers: dict[int, bytes] = field(default_factory=dict)   # raw bytes of changed buffers
     device: str = "cpu"        # where it computed, and why
+    fatal: tuple[str, str] | None = None   # a permanent error (class name, message): no retry
     normaliser: float = 0.0    # the loss's normaliser over this task's rows, when the driver
     # divides (sample weights: the sum of the weights; masked or class-weighted losses: the
     # count or weight of the targets, sparkdl.losses); 0 when the task weighted by rows

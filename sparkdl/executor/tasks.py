@@ -20,6 +20,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from ..errors import SparkdlError
 from ..metrics import ValidationMetric
 from .devices import task_device
 from .replicas import Replica, drop_replica, get_replica
@@ -71,15 +72,23 @@ class GradientTask:
                             if int(self.step.counts[partition]) else None)
 
     def compute(self, partition: int, shard: Any) -> tuple[np.ndarray | None, TaskReport]:
-        """The step on ``shard`` (None: not here, reported as a missing shard)."""
-        set_task_threads()
-        choice = task_device(self.step.device)
+        """The step on ``shard`` (None: not here, reported as a missing shard). A permanent
+        sparkdl error (:attr:`sparkdl.errors.SparkdlError.permanent`) is reported, not raised:
+        the task succeeds, Spark does not retry what cannot succeed, and the driver raises it."""
+        try:
+            set_task_threads()
+            choice = task_device(self.step.device)
 
-        def replica() -> Replica:
-            return get_replica(self.run_key, PickledSpec(self.spec), choice.device)
+            def replica() -> Replica:
+                return get_replica(self.run_key, PickledSpec(self.spec), choice.device)
 
-        vector, report = compute_gradient(self.step, partition, shard, replica,
-                                          self.weights.value, attempt=_attempt())
+            vector, report = compute_gradient(self.step, partition, shard, replica,
+                                              self.weights.value, attempt=_attempt())
+        except SparkdlError as exc:
+            if not exc.permanent:
+                raise
+            return None, TaskReport(partition=partition, attempt=_attempt(),
+                                    fatal=(type(exc).__name__, str(exc)))
         report.device = f"{choice.device} ({choice.reason})"
         return vector, report
 
