@@ -198,7 +198,7 @@ class SlowPartitionLoss(nn.CrossEntropyLoss):
 def kill_driver_after_first_checkpoint(cmd: list[str], checkpoint_dir: Any,
                                        timeout: float = 300) -> None:
     """Start a driver process (``cmd``), wait until a ``checkpoint-*`` file appears in
-    ``checkpoint_dir`` and SIGKILL the driver's whole process group; fail if it ended first."""
+    ``checkpoint_dir`` (or below it) and SIGKILL the driver's whole process group; fail if it ended first."""
     import os
     import signal
     import subprocess
@@ -209,8 +209,8 @@ def kill_driver_after_first_checkpoint(cmd: list[str], checkpoint_dir: Any,
     try:
         deadline = time.time() + timeout
         while time.time() < deadline and first.poll() is None:
-            if os.path.isdir(checkpoint_dir) and any(
-                    f.startswith("checkpoint-") for f in os.listdir(checkpoint_dir)):
+            if any(f.startswith("checkpoint-") for _, _, files in os.walk(checkpoint_dir)
+                   for f in files):     # the directory, or a fit's subdirectory in it
                 break
             time.sleep(0.05)
         assert first.poll() is None, "the first driver ended before it could be killed"

@@ -27,6 +27,7 @@ from torch import nn
 from ..errors import CheckpointError
 from ..storage.checkpoint_store import FORMAT_VERSION, CheckpointStore
 from ..triggers import Trigger
+from .fit_identity import FIT_KEYS
 from .run_context import KEY_DEFAULTS, RunContext
 from .summary import IterationRecord, TrainingSummary, ValidationRecord
 
@@ -43,6 +44,13 @@ class CheckpointSetup:
     trigger: Trigger
     keep_last: int
     resume: bool
+    by_fit: bool = False      # each fit in its own subdirectory, named by its resume key
+
+
+def _shown(value: Any) -> str:
+    text = str(value) if isinstance(value, (str, int, float, bool)) or value is None else \
+        repr(value)
+    return text if len(text) <= 300 else text[:300] + "..."
 
 
 def _model_class(model: nn.Module) -> str:
@@ -92,14 +100,21 @@ class Checkpoints:
         """Put ``state`` into the run, after checking that it was written by the same kind of
         run (seed, batch size, shuffling, partition sizes)."""
         name = self.store.file_name(int(state["iteration"]))
-        for key, value in ctx.settings.reproducibility_key(ctx.plan).items():
+        unknown = [key for key in FIT_KEYS if key not in state["run"]]
+        if unknown:
+            log.warning("the checkpoint %s predates the checks of %s: resuming it without "
+                        "them", name, ", ".join(unknown))
+        for key, value in ctx.resume_key().items():
+            if key in unknown:
+                continue
             theirs = state["run"].get(key, KEY_DEFAULTS.get(key))
             if theirs != value:
                 raise CheckpointError(
-                    f"The checkpoint {name} was written by a run with {key}="
-                    f"{theirs}, but this run has {key}={value}: resuming would not "
-                    "reproduce the interrupted run. Use the same data partitioning and settings, "
-                    "or a new checkpoint directory.")
+                    f"The checkpoint {name} belongs to another fit: it was written by a run with "
+                    f"{key}={_shown(theirs)}, but this run has {key}={_shown(value)}. Resuming "
+                    "it would not continue this fit. Use a new checkpoint directory (or "
+                    "set_checkpoint(..., by_fit=True): one subdirectory per fit), or the same "
+                    "data, hyperparameters and initial weights.")
         ctx.model.load_state_dict(state["model_state"])
         buffers = dict(ctx.model.named_buffers())
         with torch.no_grad():
@@ -134,7 +149,7 @@ class Checkpoints:
                                 if ctx.lr_scheduler is not None else None),
             "iteration": ctx.iteration,
             "epoch": ctx.iteration // ctx.plan.iterations_per_epoch,
-            "run": ctx.settings.reproducibility_key(ctx.plan),
+            "run": ctx.resume_key(),
             "torch_rng_state": torch.get_rng_state(),
             "triggers": [t.state_dict() for t in ctx.end_trigger.walk()],
             "best_states": {str(k): v for k, v in ctx.best_states.items()},

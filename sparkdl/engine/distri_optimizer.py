@@ -55,6 +55,7 @@ from .arguments import (check_criterion, check_lr_scheduler, check_optimizer,
                         check_training_data)
 from .checkpointing import CheckpointSetup, Checkpoints
 from .clipping import GradientClipping, check_norm_clipping, check_value_clipping
+from .fit_identity import data_digest, fit_identity, identity_directory
 from .loss_scaling import PRECISIONS, LossScaler
 from .mlflow_tracking import (FINISH_TIMEOUT_S, FLUSH_INTERVAL_S, MlflowSetup, MlflowTracker,
                               active_run_id, check_mlflow, engine_params)
@@ -304,7 +305,7 @@ class DistriOptimizer:
         return self
 
     def set_checkpoint(self, path: str, trigger: Trigger, keep_last: int = 3,
-                       resume: bool = True) -> "DistriOptimizer":
+                       resume: bool = True, by_fit: bool = False) -> "DistriOptimizer":
         """Write the whole training state to ``path`` whenever ``trigger`` fires.
 
         A checkpoint holds the model, optimizer and scheduler states, the iteration and epoch,
@@ -315,6 +316,14 @@ class DistriOptimizer:
         result as an uninterrupted run; with ``resume=False`` the directory must hold none.
         The directory is checked for writing now, before any cluster work.
 
+        A checkpoint belongs to its fit: it is resumed only by a run with the same data (the
+        shards' content hashes), optimizer and scheduler hyperparameters, initial weights, seed,
+        batch size and partitioning (not the end trigger: training longer resumes); any other
+        run gets a :class:`~sparkdl.errors.CheckpointError` naming what differs. With
+        ``by_fit=True`` each fit instead writes to, and resumes from, its own subdirectory
+        ``fit-<hash of that key>`` (what the estimators do, so every setting and fold of a tuning
+        grid has its own).
+
         Example: ``opt.set_checkpoint("hdfs:///ckpt/run1", EveryEpoch(), keep_last=2)``.
         """
         owner = f"{_OWNER}.set_checkpoint"
@@ -324,6 +333,7 @@ class DistriOptimizer:
                    "a sparkdl.triggers.Trigger such as EveryEpoch()")
         keep_last = check_positive_int("keep_last", owner, keep_last)
         check_type("resume", owner, resume, bool, "a bool")
+        check_type("by_fit", owner, by_fit, bool, "a bool")
         store = self._checkpoint_store(path)
         store.check_writable()
         if not resume and store.iterations():
@@ -331,7 +341,7 @@ class DistriOptimizer:
                 f"The checkpoint directory {path!r} already holds checkpoints "
                 f"(iterations {store.iterations()}) and resume=False: choose an empty directory "
                 "or pass resume=True to continue from the newest one.")
-        self._checkpoint_setup = CheckpointSetup(path, trigger, keep_last, resume)
+        self._checkpoint_setup = CheckpointSetup(path, trigger, keep_last, resume, by_fit)
         return self
 
     def set_gradient_clipping(self, max_norm: float, norm_type: float = 2.0
@@ -475,9 +485,10 @@ class DistriOptimizer:
             trigger.reset()
         runner = runner_for(self.training_rdd, self.exchange_dir)
         runner.check_device(self.settings.runner_options.device)
-        checkpoints = (Checkpoints(self._checkpoint_setup,
-                                   self._checkpoint_store(self._checkpoint_setup.path))
-                       if self._checkpoint_setup is not None else None)
+        identity = fit_identity(self.model, self.optimizer, self.lr_scheduler)
+        setup = self._checkpoint_setup
+        checkpoints = (Checkpoints(setup, self._checkpoint_store(setup.path))
+                       if setup is not None and not setup.by_fit else None)
         resumed = checkpoints.latest(self.model) if checkpoints is not None else None
         dtype = self.layout.data_dtype.str
         ctx: RunContext | None = None
@@ -503,6 +514,13 @@ class DistriOptimizer:
                              runner, train, plan, self._validation, checkpoints, self._clipping,
                              LossScaler() if self.settings.runner_options.precision == "16-mixed"
                              else None)
+            ctx.fit_key = dict(identity, data=data_digest(train.summaries))
+            if setup is not None and setup.by_fit:   # this fit's own subdirectory
+                directory = f"{setup.path.rstrip('/')}/{identity_directory(ctx.resume_key())}"
+                ctx.checkpoints = checkpoints = Checkpoints(
+                    dataclasses.replace(setup, path=directory), self._checkpoint_store(directory))
+                resumed = checkpoints.latest(self.model)
+                log.info("checkpoints of this fit go to %s", directory)
             if resumed is not None:
                 checkpoints.restore(ctx, resumed)  # type: ignore[union-attr]
             how = runner.start(ReplicaSpec(self.model, self.criterion, self.reduction,

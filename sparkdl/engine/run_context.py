@@ -83,6 +83,8 @@ class RunContext:
     caller."""
     summary: TrainingSummary = field(default_factory=TrainingSummary)
     iteration: int = 0
+    fit_key: dict[str, Any] = field(default_factory=dict)
+    """The fit's data, hyperparameters and initial weights (:mod:`sparkdl.engine.fit_identity`)."""
     best_states: dict[int, dict[str, Any]] = field(default_factory=dict)
     """Weights kept for early stops with ``restore_best``, by the trigger's position among the
     end trigger's EarlyStopping triggers."""
@@ -92,3 +94,7 @@ class RunContext:
         """The tasks report the loss's normaliser and the loop divides by the union's
         (:mod:`sparkdl.losses`)."""
         return divided_on_driver(self.criterion, self.reduction, self.settings.sample_weights)
+
+    def resume_key(self) -> dict[str, Any]:
+        """What a checkpoint must have been written with for this run to resume it."""
+        return self.settings.reproducibility_key(self.plan) | self.fit_key

@@ -69,6 +69,7 @@ def configure_engine(stage: Any, engine: Any, validation_data: Any) -> None:
     if get("gradientClipNorm"):
         engine.set_gradient_clipping(get("gradientClipNorm"))
     if get("checkpointDir"):
+        # each fit (a setting, a fold of a tuning grid) in its own subdirectory, by its key
         engine.set_checkpoint(get("checkpointDir"), EveryEpoch(), keep_last=CHECKPOINTS_KEPT,
-                              resume=True)
+                              resume=True, by_fit=True)
     configure_mlflow(stage, engine)
