@@ -54,7 +54,7 @@ class ArrowFiles:
             return []
         return [posixpath.basename(i.path) for i in fs.get_file_info(pafs.FileSelector(path))]
 
-    def write(self, directory: str, name: str, data: bytes) -> None:
+    def write(self, directory: str, name: str, data: bytes | memoryview) -> None:
         fs, path = self._join(directory, name)
         fs.create_dir(posixpath.dirname(path), recursive=True)
         with fs.open_output_stream(path) as out:

@@ -80,9 +80,13 @@ class CheckpointStore:
         tmp_name = f".checkpoint-{iteration:010d}-{uuid.uuid4().hex}.tmp"
         try:
             self._files.mkdirs(self.path)
-            self._files.write(self.path, tmp_name, buf.getvalue())
+            self._files.write(self.path, tmp_name, buf.getbuffer())
             self._files.replace(self.path, tmp_name, final)
         except Exception as exc:
+            try:
+                self._files.delete(self.path, tmp_name)
+            except Exception:     # noqa: BLE001 - the write's own error is the one to report
+                pass
             raise CheckpointError(f"Writing checkpoint {self.file_name(iteration)} failed: "
                                   f"{self._error(exc)}") from exc
         for old in self.iterations()[:-keep_last]:

@@ -1,4 +1,5 @@
-"""Whole files read and written through Spark's Hadoop FileSystem (any URI Spark supports).
+"""Whole files read and written through Spark's Hadoop FileSystem (any URI Spark supports), in
+chunks of a few MiB per py4j call, never as one string.
 
 Example::
 
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["hadoop_path", "write_bytes", "read_bytes", "java_error_line", "HadoopFiles"]
+__all__ = ["hadoop_path", "write_bytes", "read_bytes", "java_error_line", "HadoopFiles",
+           "CHUNK_BYTES"]
 
 
 def hadoop_path(sc: Any, path: str, child: str | None = None) -> tuple[Any, Any]:
@@ -23,17 +25,24 @@ def hadoop_path(sc: Any, path: str, child: str | None = None) -> tuple[Any, Any]
     return hpath.getFileSystem(sc._jsc.hadoopConfiguration()), hpath
 
 
-def write_bytes(sc: Any, path: str, data: bytes, child: str | None = None) -> None:
-    """Write ``data`` as one file, through a private FileSystem instance that writes no .crc
-    side file (the shared cached instance is left as it is)."""
+CHUNK_BYTES = 4 << 20
+"""Bytes per py4j call when a file is written or read through the JVM: a whole large file in one
+call travels as one string several times its size and kills a default 1 GiB driver's gateway."""
+
+
+def write_bytes(sc: Any, path: str, data: bytes | memoryview, child: str | None = None) -> None:
+    """Write ``data`` as one file, in chunks of :data:`CHUNK_BYTES`, through a private FileSystem
+    instance that writes no .crc side file (the shared cached instance is left as it is)."""
     _, hpath = hadoop_path(sc, path, child)
     fs = sc._jvm.org.apache.hadoop.fs.FileSystem.newInstance(hpath.toUri(),
                                                              sc._jsc.hadoopConfiguration())
+    view = memoryview(data).cast("B")
     try:
         fs.setWriteChecksum(False)
         out = fs.create(hpath, True)
         try:
-            out.write(bytearray(data))
+            for start in range(0, len(view), CHUNK_BYTES):
+                out.write(bytearray(view[start:start + CHUNK_BYTES]))
         finally:
             out.close()
     finally:
@@ -41,12 +50,19 @@ def write_bytes(sc: Any, path: str, data: bytes, child: str | None = None) -> No
 
 
 def read_bytes(sc: Any, path: str, child: str | None = None) -> bytes:
+    """A whole file, read in chunks of :data:`CHUNK_BYTES`."""
     fs, hpath = hadoop_path(sc, path, child)
+    size = int(fs.getFileStatus(hpath).getLen())
+    data = bytearray(size)
     stream = fs.open(hpath)
     try:
-        return bytes(sc._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+        io_utils = sc._jvm.org.apache.commons.io.IOUtils
+        for start in range(0, size, CHUNK_BYTES):
+            chunk = bytes(io_utils.toByteArray(stream, min(CHUNK_BYTES, size - start)))
+            data[start:start + len(chunk)] = chunk
     finally:
         stream.close()
+    return bytes(data)
 
 
 def java_error_line(exc: BaseException) -> str:
@@ -78,7 +94,7 @@ class HadoopFiles:
             return []
         return [s.getPath().getName() for s in fs.listStatus(path)]
 
-    def write(self, directory: str, name: str, data: bytes) -> None:
+    def write(self, directory: str, name: str, data: bytes | memoryview) -> None:
         write_bytes(self._sc, directory, data, name)
 
     def read(self, directory: str, name: str) -> bytes:
