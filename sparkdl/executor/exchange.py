@@ -121,6 +121,7 @@ class Exchange:
             directory = os.path.abspath(directory[5:] if directory.startswith("file:")
                                         else directory)
         self.directory = (f"{directory.rstrip('/')}/{run_key}" if directory else None)
+        self.run_key = run_key
         self.local = directory is not None and "://" not in directory
         self.limit = limit
         self._files = ArrowFiles()
@@ -158,7 +159,8 @@ class Exchange:
         ``unique``). Not ``unique``: the file is ``<name>-<hash>.bin``, written once (after
         checking any file already there) and kept."""
         digest = _digest(data)
-        key = f"{digest}-{uuid.uuid4().hex[:8]}" if unique else digest
+        # keyed by run, so workers can evict the payloads of finished runs (live_runs)
+        key = f"{self.run_key}:{digest}" + (f"-{uuid.uuid4().hex[:8]}" if unique else "")
         if not self.by_file(len(data)):
             return Payload(key, inline=data)
         assert self.directory is not None

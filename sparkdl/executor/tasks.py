@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import SparkdlError
 from ..metrics import ValidationMetric
 from .devices import task_device
+from .live_runs import LiveRuns, evict_finished
 from .replicas import Replica, drop_replica, get_replica
 from .shard_store import ShardSummary, build_shard, drop_run, open_shard
 from .step import StepSpec, TaskReport, compute_gradient, compute_metric_sums, set_task_threads
@@ -64,8 +65,10 @@ class GradientTask:
     spec: Any            # broadcast of the cloudpickled ReplicaSpec
     weights: Any         # broadcast of the flat weights
     filled: Any = None
+    live: LiveRuns | None = None   # the driver's live runs: the worker evicts the others'
 
     def __call__(self, partition: int, summary: Any) -> tuple[np.ndarray | None, TaskReport]:
+        evict_finished(self.live)
         if self.filled is not None and partition in self.filled.value:
             return self.filled.value[partition]
         return self.compute(partition, open_shard(self.data_key, partition)
@@ -106,9 +109,11 @@ class EvaluationTask:
     batch_size: int
     device: str = "cpu"
     precision: str = "32"
+    live: LiveRuns | None = None
 
     def __call__(self, partition: int, records: Iterator[Any]
                  ) -> Iterator[tuple[int, list[np.ndarray] | None, int]]:
+        evict_finished(self.live)
         for _ in records:
             pass
         yield self.compute(partition, open_shard(self.data_key, partition))
@@ -134,8 +139,10 @@ class ShardBuildTask:
     float_dtype: str
     place: str = "disk"
     ragged: tuple[int, ...] = ()
+    live: LiveRuns | None = None
 
     def __call__(self, partition: int, records: Iterator[Any]) -> Iterator[ShardSummary]:
+        evict_finished(self.live)
         yield build_shard(self.data_key, partition, records, self.float_dtype, self.place,
                           self.ragged)
 

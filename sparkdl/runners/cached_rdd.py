@@ -35,12 +35,12 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import uuid
 from typing import Any
 
 from pyspark import RDD, StorageLevel
 
 from ..errors import TrainingDataError
+from ..executor.live_runs import live_runs, new_key
 from ..executor.shard_store import ShardSummary
 from ..executor.tasks import CleanupTask, ShardBuildTask
 from ..transport.allreduce import with_resources
@@ -120,7 +120,7 @@ class CachedData:
         self.ragged = tuple(ragged)
         self.name = name
         self.place = place
-        self.data_key = f"{name}-{uuid.uuid4().hex[:12]}"
+        self.data_key = new_key(name)
         self.index_rdd: RDD | None = None
         self.summaries: list[ShardSummary] = []
         self.shards_rebuilt = 0
@@ -128,7 +128,8 @@ class CachedData:
 
     @property
     def builder(self) -> ShardBuildTask:
-        return ShardBuildTask(self.data_key, self.float_dtype, self.place, self.ragged)
+        return ShardBuildTask(self.data_key, self.float_dtype, self.place, self.ragged,
+                              live=live_runs())
 
     @property
     def num_partitions(self) -> int:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import logging
 import pickle
 import time
-import uuid
 from typing import Any, Sequence
 
 import numpy as np
@@ -54,6 +53,7 @@ from ..storage.arrow_files import ArrowFiles
 from ..transport.allreduce import (AllReduceResult, DriverAllReduce, block_bounds,
                                   choose_allreduce, sum_in_order)
 from ..transport.codecs import make_codec
+from ..executor.live_runs import live_runs, new_key, release_key
 from ..executor.exchange import Exchange, Payload, check_exchange
 from ..transport.flat_layout import ParamLayout
 from .cached_rdd import check_unchanged, lost_data_reason, memory_kill_reason, shard_place
@@ -93,7 +93,7 @@ class ConnectData:
         self.name = name
         self.place = place
         self.ragged = tuple(ragged)
-        self.data_key = f"{name}-{uuid.uuid4().hex[:12]}"
+        self.data_key = new_key(name)
         self.index: Any = None
         self.summaries: list[ShardSummary] = []
         self.shards_rebuilt = 0
@@ -101,7 +101,8 @@ class ConnectData:
 
     @property
     def builder(self) -> ShardBuildTask:
-        return ShardBuildTask(self.data_key, self.float_dtype, self.place, self.ragged)
+        return ShardBuildTask(self.data_key, self.float_dtype, self.place, self.ragged,
+                              live=live_runs())
 
     @property
     def num_partitions(self) -> int:
@@ -181,7 +182,7 @@ class ConnectDataFrameRunner:
     def __init__(self, spark: Any, exchange_dir: str | None = None) -> None:
         self.spark = spark
         self.files = ArrowFiles()
-        self.run_key = f"run-{uuid.uuid4().hex[:12]}"
+        self.run_key = new_key("run")
         self.exchange_dir = exchange_dir
         self._exchange = Exchange(exchange_dir, self.run_key)
         self._held: list[ConnectData] = []
@@ -310,7 +311,8 @@ class ConnectDataFrameRunner:
                                        f"weights-{step.iteration}")]
         broadcast_s = time.perf_counter() - t0
         task = GradientTask(self.run_key, data.data_key, step, PayloadValue(self._spec),
-                            PayloadValue(shipped[0], "array", weights.dtype.str))
+                            PayloadValue(shipped[0], "array", weights.dtype.str),
+                            live=live_runs())
         try:
             if self._driver_sum:
                 result = self._driver_job(data, task)
@@ -343,7 +345,8 @@ class ConnectDataFrameRunner:
         try:
             task = EvaluationTask(self.run_key, data.data_key, PayloadValue(self._spec),
                                   PayloadValue(payload, "array", weights.dtype.str), list(metrics),
-                                  batch_size, self._options.device, self._options.precision)
+                                  batch_size, self._options.device, self._options.precision,
+                                  live=live_runs())
             rows = {p: result for p, (_, result) in _results(data.index.mapInArrow(
                 ArrowEvaluate(task), RESULT_SCHEMA).toArrow()).items()}
             missing = [p for p, (_, sums, _) in rows.items()
@@ -365,6 +368,8 @@ class ConnectDataFrameRunner:
 
     def close(self) -> None:
         keys = [self.run_key] + [d.data_key for d in self._held]
+        for key in keys:     # later tasks of any run evict what the cleanup job misses
+            release_key(key)
         try:
             width = max(4, 2 * max((d.num_partitions for d in self._held), default=2))
             self.spark.range(0, width, 1, width).mapInArrow(ArrowCleanup(keys),

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np
 
+from ..executor.live_runs import live_runs, new_key, release_key
 from .cached_rdd import (CachedData, clean_workers, lost_data_reason, memory_kill_reason,
                          shard_place)
 from .interface import PartitionMetrics, RunnerOptions
@@ -49,7 +49,7 @@ class SparkRddRunner:
 
     def __init__(self, sc: Any) -> None:
         self.spark_context = sc
-        self.run_key = f"run-{uuid.uuid4().hex[:12]}"
+        self.run_key = new_key("run")
         self._held: list[CachedData] = []
         self._spec_bc: Any = None
         self._allreduce: Any = None
@@ -127,7 +127,8 @@ class SparkRddRunner:
         broadcast_s = time.perf_counter() - t0
         filled_bc = None
         try:
-            task = GradientTask(self.run_key, data.data_key, step, self._spec_bc, weights_bc)
+            task = GradientTask(self.run_key, data.data_key, step, self._spec_bc, weights_bc,
+                                live=live_runs())
             result = self._allreduce.run(data.index_rdd, task, self._resources)
             filled: dict[int, Any] = {}
             # Each round fills at least one partition for good, so this ends within N rounds.
@@ -172,7 +173,7 @@ class SparkRddRunner:
         try:
             task = EvaluationTask(self.run_key, data.data_key, self._spec_bc, weights_bc,
                                   list(metrics), batch_size, self._options.device,
-                                  self._options.precision)
+                                  self._options.precision, live=live_runs())
             rows = with_resources(data.index_rdd.mapPartitionsWithIndex(task),
                                   self._resources).collect()
             missing = [p for p, sums, _ in rows
@@ -199,5 +200,8 @@ class SparkRddRunner:
             self._spec_bc = None
         for data in self._held:
             data.release()
-        clean_workers(self.spark_context, [self.run_key] + [d.data_key for d in self._held])
+        keys = [self.run_key] + [d.data_key for d in self._held]
+        for key in keys:     # later tasks of any run evict what the cleanup job misses
+            release_key(key)
+        clean_workers(self.spark_context, keys)
         self._held = []
