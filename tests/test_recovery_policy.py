@@ -80,3 +80,30 @@ def test_other_failures_are_not_retried():
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
         run(runner)
     assert runner.rebuilds == 0
+
+
+DRIVER_OOM = ("An error occurred while calling "
+              "z:org.apache.spark.api.python.PythonRDD.collectAndServe.\n"
+              ": java.lang.OutOfMemoryError: Java heap space\n"
+              "\tat java.base/java.util.Arrays.copyOf(Arrays.java:3537)\n"
+              "\tat org.apache.spark.util.io.ChunkedByteBufferOutputStream.allocateNewChunk")
+EXECUTOR_HEAP = ("An error occurred while calling z:org.apache.spark.api.python.PythonRDD."
+                 "collectAndServe.\n: org.apache.spark.SparkException: Job aborted due to stage "
+                 "failure: Task 1 in stage 3.0 failed 4 times, most recent failure: Lost task "
+                 "1.3 in stage 3.0 (TID 12) (10.0.0.7 executor 2): java.lang.OutOfMemoryError: "
+                 "Java heap space")
+
+
+def test_a_driver_out_of_memory_is_reported_as_such_and_rebuilds_nothing():
+    from sparkdl.engine.recovery import DriverMemoryError
+
+    runner = FakeRunner(DRIVER_OOM)
+    with pytest.raises(DriverMemoryError, match=r"iteration 8: the driver ran out of memory "
+                                                r"\(java.lang.OutOfMemoryError: Java heap "
+                                                r"space\).*spark\.driver\.memory"):
+        run(runner)
+    assert runner.rebuilds == 0
+    # an executor's heap running out (reported through a task) is still an executor's
+    assert memory_kill_reason(RuntimeError(EXECUTOR_HEAP)) is not None
+    runner = FakeRunner(EXECUTOR_HEAP)
+    assert run(runner) == "result" and runner.rebuilds == 1

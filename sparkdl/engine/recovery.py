@@ -17,9 +17,10 @@ import logging
 from typing import Callable, TypeVar
 
 from ..errors import SparkdlError
+from ..runners.cached_rdd import driver_memory_reason
 from ..runners.interface import DataHandle, IterationRunner
 
-__all__ = ["MAX_REBUILDS", "run_with_recovery", "ExecutorMemoryError"]
+__all__ = ["MAX_REBUILDS", "run_with_recovery", "ExecutorMemoryError", "DriverMemoryError"]
 
 log = logging.getLogger("sparkdl")
 
@@ -31,6 +32,10 @@ T = TypeVar("T")
 
 class ExecutorMemoryError(SparkdlError, MemoryError):
     """An executor was killed for exceeding its memory, again after a rebuild."""
+
+
+class DriverMemoryError(SparkdlError, MemoryError):
+    """The driver's JVM ran out of heap: rebuilding the executors' shards cannot help."""
 
 
 def _memory_message(what: str, line: str) -> str:
@@ -52,6 +57,13 @@ def run_with_recovery(runner: IterationRunner, data: DataHandle, job: Callable[[
         try:
             result = job()
         except Exception as exc:
+            driver = driver_memory_reason(exc)
+            if driver is not None:
+                raise DriverMemoryError(
+                    f"{what}: the driver ran out of memory ({driver}); the executors' data is "
+                    "intact and nothing was rebuilt. Give the driver more memory: "
+                    "spark.driver.memory (its JVM heap holds the collected gradient and the "
+                    "weights' broadcast).") from exc
             reason = runner.lost_data_reason(exc)
             memory = runner.memory_kill_reason(exc)
             if memory is not None:

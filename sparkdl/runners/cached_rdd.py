@@ -45,7 +45,8 @@ from ..executor.shard_store import ShardSummary
 from ..executor.tasks import CleanupTask, ShardBuildTask
 from ..transport.allreduce import with_resources
 
-__all__ = ["CachedData", "check_unchanged", "clean_workers", "lost_data_reason", "memory_kill_reason",
+__all__ = ["CachedData", "check_unchanged", "clean_workers", "driver_memory_reason",
+           "lost_data_reason", "memory_kill_reason",
            "shard_place"]
 
 _LOST_DATA_MARKERS = ("Checkpoint block", "ExecutorLostFailure", "FetchFailed")
@@ -55,8 +56,29 @@ _MEMORY_KILL_MARKERS = ("exceeding memory limits", "exceeding physical memory",
 """How YARN, Kubernetes and the JVM say that an executor died for memory."""
 
 
+_TASK_FAILURE_MARKERS = ("Lost task", "stage failure", "ExecutorLostFailure", "executor ")
+
+
+def driver_memory_reason(exc: BaseException) -> str | None:
+    """The line saying that the driver's own JVM ran out of heap, or None: a
+    ``java.lang.OutOfMemoryError`` thrown by the driver's call itself (the first Java exception
+    of a py4j error), not one a task or an executor reported."""
+    text = str(exc)
+    lines = [line.strip(" :") for line in text.splitlines() if line.strip()]
+    first_java = next((line for line in lines if "Exception" in line or "Error:" in line
+                       or line.startswith("java.")), "")
+    if "java.lang.OutOfMemoryError" not in first_java:
+        return None
+    if any(marker in text for marker in _TASK_FAILURE_MARKERS):
+        return None
+    return first_java[:300]
+
+
 def memory_kill_reason(exc: BaseException) -> str | None:
-    """The line saying that an executor was killed for exceeding its memory, or None."""
+    """The line saying that an executor was killed for exceeding its memory, or None (a driver
+    out of heap is not one: :func:`driver_memory_reason`)."""
+    if driver_memory_reason(exc) is not None:
+        return None
     for line in str(exc).splitlines():
         if any(marker in line for marker in _MEMORY_KILL_MARKERS):
             return line.strip(" :")[:300]
