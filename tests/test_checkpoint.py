@@ -42,8 +42,13 @@ def test_checkpoints_are_complete_atomic_and_pruned(sc, tmp_path):
     state = torch.load(tmp_path / "checkpoint-0000000006.pt", weights_only=True)
     assert state["iteration"] == 6 and state["epoch"] == 1
     assert set(state) >= {"model_state", "optimizer_state", "scheduler_state", "torch_rng_state",
-                          "summary", "run"}
-    assert len(state["summary"]["iterations"]) == 6
+                          "summary_records", "run"}
+    # the summary is not re-serialised into every checkpoint: append-only parts beside them
+    assert state["summary_records"] == [6, 0] and "summary" not in state
+    parts = sorted(f for f in os.listdir(tmp_path) if f.startswith("summary-"))
+    assert parts == ["summary-0000000002.pt", "summary-0000000004.pt", "summary-0000000006.pt"]
+    assert [len(torch.load(tmp_path / p, weights_only=True)["iterations"]) for p in parts] == \
+        [2, 2, 2]
     assert state["scheduler_state"]["last_epoch"] == 1
     assert len(state["optimizer_state"]["state"]) == 4  # Adam moments of the 4 tensors
     assert not bitwise_equal(trained, trained.__class__())  # sanity

@@ -1,7 +1,8 @@
 """Checkpoints of a run and resuming from them (driver side).
 
 A checkpoint holds the model, optimizer and scheduler states, the iteration and epoch, torch's
-RNG state and the summary so far (:class:`sparkdl.storage.checkpoint_store.CheckpointStore`
+RNG state and the number of summary records so far (the records themselves go to append-only
+``summary-<iteration>.pt`` parts beside it, each with the records since the previous one) (:class:`sparkdl.storage.checkpoint_store.CheckpointStore`
 writes it atomically). Resuming checks, before any cluster work, that the newest checkpoint
 belongs to this model (class and parameter shapes), and, once the data is known, that it was
 written by a run with the same seed, batch size, shuffling and partition sizes: only then does
@@ -73,6 +74,7 @@ class Checkpoints:
     def __init__(self, setup: CheckpointSetup, store: CheckpointStore) -> None:
         self.setup = setup
         self.store = store
+        self._summary_written = (0, 0)   # records already in summary parts
 
     def latest(self, model: nn.Module) -> dict[str, Any] | None:
         """The newest checkpoint to resume from, checked against ``model`` (no cluster work)."""
@@ -130,9 +132,21 @@ class Checkpoints:
         if ctx.loss_scaler is not None and state.get("loss_scaler") is not None:
             ctx.loss_scaler.load_state_dict(state["loss_scaler"])
         ctx.iteration = int(state["iteration"])
-        ctx.summary = TrainingSummary(
-            [IterationRecord(**r) for r in state["summary"]["iterations"]],
-            [ValidationRecord(**v) for v in state["summary"]["validations"]])
+        if "summary" in state:       # written before the summary moved beside the checkpoint
+            iterations, validations = (state["summary"]["iterations"],
+                                       state["summary"]["validations"])
+        else:
+            parts = self.store.read_summary_parts(int(state["iteration"]))
+            count_i, count_v = state["summary_records"]
+            iterations = [r for p in parts for r in p["iterations"]][:count_i]
+            validations = [v for p in parts for v in p["validations"]][:count_v]
+            if len(iterations) != count_i or len(validations) != count_v:
+                raise CheckpointError(f"The summary parts beside {name} hold {len(iterations)} "
+                                      f"iteration records, the checkpoint needs {count_i}: "
+                                      "some summary-*.pt files are missing.")
+        ctx.summary = TrainingSummary([IterationRecord(**r) for r in iterations],
+                                      [ValidationRecord(**v) for v in validations])
+        self._summary_written = (len(iterations), len(validations))
         log.warning("resuming from checkpoint %s: iteration %d, epoch %d", name, ctx.iteration,
                     ctx.iteration // ctx.plan.iterations_per_epoch)
 
@@ -155,9 +169,14 @@ class Checkpoints:
             "best_states": {str(k): v for k, v in ctx.best_states.items()},
             "loss_scaler": (ctx.loss_scaler.state_dict() if ctx.loss_scaler is not None
                             else None),
-            "summary": {"iterations": [asdict(r) for r in ctx.summary.iterations],
-                        "validations": [asdict(v) for v in ctx.summary.validations]},
+            # the summary: only a count here; the records are in append-only parts beside
+            "summary_records": [len(ctx.summary.iterations), len(ctx.summary.validations)],
         }
+        done_i, done_v = self._summary_written
+        self.store.write_summary_part(ctx.iteration, {
+            "iterations": [asdict(r) for r in ctx.summary.iterations[done_i:]],
+            "validations": [asdict(v) for v in ctx.summary.validations[done_v:]]})
+        self._summary_written = (len(ctx.summary.iterations), len(ctx.summary.validations))
         path = self.store.write(ctx.iteration, state, self.setup.keep_last)
         log.info("checkpoint written: %s", path)
         return path

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^checkpoint-(\d{10})\.pt$")
+_SUMMARY = re.compile(r"^summary-(\d{10})\.pt$")
 
 
 class CheckpointStore:
@@ -92,6 +93,36 @@ class CheckpointStore:
         for old in self.iterations()[:-keep_last]:
             self._files.delete(self.path, f"checkpoint-{old:010d}.pt")
         return self.file_name(iteration)
+
+    def write_summary_part(self, iteration: int, part: dict[str, Any]) -> None:
+        """Write the summary records since the previous checkpoint, as
+        ``summary-<iteration>.pt`` beside the checkpoints (atomically; never pruned: each part
+        holds only its own records, so the parts stay small however long the run)."""
+        buf = io.BytesIO()
+        torch.save(part, buf)
+        final = f"summary-{iteration:010d}.pt"
+        tmp_name = f".{final}-{uuid.uuid4().hex}.tmp"
+        try:
+            self._files.mkdirs(self.path)
+            self._files.write(self.path, tmp_name, buf.getbuffer())
+            self._files.replace(self.path, tmp_name, final)
+        except Exception as exc:
+            raise CheckpointError(f"Writing the summary part {self.path}/{final} failed: "
+                                  f"{self._error(exc)}") from exc
+
+    def read_summary_parts(self, upto: int) -> list[dict[str, Any]]:
+        """The summary parts of iterations up to ``upto``, in order."""
+        names = sorted(n for n in self._files.names(self.path)
+                       if _SUMMARY.match(n) and int(_SUMMARY.match(n).group(1)) <= upto)
+        parts = []
+        for name in names:
+            try:
+                parts.append(torch.load(io.BytesIO(self._files.read(self.path, name)),
+                                        weights_only=True))
+            except Exception as exc:
+                raise CheckpointError(f"The summary part {self.path}/{name} is unreadable "
+                                      f"({type(exc).__name__}: {str(exc)[:200]})") from exc
+        return parts
 
     def read(self, iteration: int) -> dict[str, Any]:
         """Load one checkpoint (``weights_only=True``); raise a clear error if it is unusable."""
