@@ -73,12 +73,12 @@ class CheckpointStore:
     def file_name(self, iteration: int) -> str:
         return f"{self.path.rstrip('/')}/checkpoint-{iteration:010d}.pt"
 
-    def write(self, iteration: int, state: dict[str, Any], keep_last: int) -> str:
-        """Write ``state`` as the checkpoint of ``iteration``; keep only the newest ``keep_last``."""
+    def _save(self, final: str, state: dict[str, Any]) -> None:
+        """``torch.save`` of ``state`` as ``final`` in the directory, atomically: a temporary
+        name first (removed if the write fails), then a rename."""
         buf = io.BytesIO()
         torch.save(state, buf)
-        final = f"checkpoint-{iteration:010d}.pt"
-        tmp_name = f".checkpoint-{iteration:010d}-{uuid.uuid4().hex}.tmp"
+        tmp_name = f".{final}-{uuid.uuid4().hex}.tmp"
         try:
             self._files.mkdirs(self.path)
             self._files.write(self.path, tmp_name, buf.getbuffer())
@@ -88,8 +88,12 @@ class CheckpointStore:
                 self._files.delete(self.path, tmp_name)
             except Exception:     # noqa: BLE001 - the write's own error is the one to report
                 pass
-            raise CheckpointError(f"Writing checkpoint {self.file_name(iteration)} failed: "
+            raise CheckpointError(f"Writing {self.path.rstrip('/')}/{final} failed: "
                                   f"{self._error(exc)}") from exc
+
+    def write(self, iteration: int, state: dict[str, Any], keep_last: int) -> str:
+        """Write ``state`` as the checkpoint of ``iteration``; keep only the newest ``keep_last``."""
+        self._save(f"checkpoint-{iteration:010d}.pt", state)
         for old in self.iterations()[:-keep_last]:
             self._files.delete(self.path, f"checkpoint-{old:010d}.pt")
         return self.file_name(iteration)
@@ -98,17 +102,7 @@ class CheckpointStore:
         """Write the summary records since the previous checkpoint, as
         ``summary-<iteration>.pt`` beside the checkpoints (atomically; never pruned: each part
         holds only its own records, so the parts stay small however long the run)."""
-        buf = io.BytesIO()
-        torch.save(part, buf)
-        final = f"summary-{iteration:010d}.pt"
-        tmp_name = f".{final}-{uuid.uuid4().hex}.tmp"
-        try:
-            self._files.mkdirs(self.path)
-            self._files.write(self.path, tmp_name, buf.getbuffer())
-            self._files.replace(self.path, tmp_name, final)
-        except Exception as exc:
-            raise CheckpointError(f"Writing the summary part {self.path}/{final} failed: "
-                                  f"{self._error(exc)}") from exc
+        self._save(f"summary-{iteration:010d}.pt", part)
 
     def read_summary_parts(self, upto: int) -> list[dict[str, Any]]:
         """The summary parts of iterations up to ``upto``, in order."""
