@@ -178,11 +178,20 @@ def test_sparkdl_opens_no_port_of_its_own():
     root = os.path.dirname(sparkdl.__file__)
     networking = {"socket", "socketserver", "http", "xmlrpc", "asyncio", "multiprocessing",
                   "selectors", "ssl"}
+    # The MLflow tracker (driver only) probes the user's own tracking server with one outbound
+    # TCP connection before MLflow's long HTTP retries; it may import socket, but never listen.
+    outbound_only = {os.path.join(root, "engine", "mlflow_tracking.py"): {"socket"}}
+    listening = {"bind", "listen", "accept", "create_server", "socketpair"}
     files = sorted(os.path.join(d, n) for d, _, names in os.walk(root) for n in names)
     assert len([f for f in files if f.endswith(".py")]) > 40      # every subpackage is read
     for name in files:
         if name.endswith(".py"):
             tree = ast.parse(open(name).read())
+            allowed = outbound_only.get(name, set())
+            if allowed:
+                calls = {n.func.attr for n in ast.walk(tree)
+                         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+                assert not calls & listening, (name, calls & listening)
             for node in ast.walk(tree):
                 if isinstance(node, ast.Import):
                     mods = [a.name for a in node.names]
@@ -190,4 +199,4 @@ def test_sparkdl_opens_no_port_of_its_own():
                     mods = [node.module or ""]
                 else:
                     continue
-                assert not {m.split(".")[0] for m in mods} & networking, (name, mods)
+                assert not ({m.split(".")[0] for m in mods} & networking) - allowed, (name, mods)

@@ -45,8 +45,11 @@ def test_engine_example_under_spark_submit_with_checkpoints(tmp_path):
     proc = spark_submit("lenet_fashion_mnist_engine.py", *args, "--min-accuracy", "0.6")
     assert metric(proc) >= 0.6
     assert "validation after iteration" in proc.stdout + proc.stderr
-    assert sorted(os.listdir(tmp_path / "ck")) == ["checkpoint-0000000024.pt",
-                                                  "checkpoint-0000000048.pt"]
+    written = sorted(os.listdir(tmp_path / "ck"))
+    assert [f for f in written if f.startswith("checkpoint-")] == [
+        "checkpoint-0000000024.pt", "checkpoint-0000000048.pt"]
+    assert [f for f in written if f.startswith("summary-")] == [   # append-only summary parts
+        "summary-0000000024.pt", "summary-0000000048.pt"]
 
 
 @pytest.mark.skipif(not os.path.isdir(FASHION), reason="apt-get install dataset-fashion-mnist")
