@@ -16,7 +16,7 @@ Example::
 """
 
 from .errors import (CheckpointError, InvalidArgumentError, ModelCriterionMismatchError,
-                     NonFiniteError, SparkdlError, TrainingDataError)
+                     NonFiniteError, SparkdlError, TrainingDataError, TrainingStepError)
 from .data.batch_plan import BatchPlan
 from .engine.distri_optimizer import DistriOptimizer
 from .engine.summary import TrainingSummary
@@ -41,6 +41,7 @@ __all__ = [
     "InvalidArgumentError",
     "TrainingDataError",
     "ModelCriterionMismatchError",
+    "TrainingStepError",
     "CheckpointError",
     "NonFiniteError",
 ]

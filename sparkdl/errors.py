@@ -35,6 +35,13 @@ class ModelCriterionMismatchError(SparkdlError, ValueError):
     permanent = True
 
 
+class TrainingStepError(ModelCriterionMismatchError):
+    """A training step (``training_step``) returned something the engine cannot train on: not a
+    scalar loss with grad, nor a pair ``(loss_sum, normaliser)`` (:mod:`sparkdl.training_step`)."""
+
+    permanent = True
+
+
 class CheckpointError(SparkdlError):
     """A checkpoint cannot be written, read, or does not belong to this model and data."""
 

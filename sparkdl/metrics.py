@@ -19,7 +19,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -27,7 +27,8 @@ import torch
 from .argument_checks import argument_error
 from .losses import has_normaliser, loss_terms
 
-__all__ = ["ValidationMetric", "Top1Accuracy", "Loss", "MAE", "one_output_threshold"]
+__all__ = ["ValidationMetric", "Top1Accuracy", "Loss", "MAE", "one_output_threshold",
+           "uses_step_loss", "prediction_tensor"]
 
 
 Select = Callable[[Any], torch.Tensor]
@@ -40,6 +41,16 @@ def _check_select(owner: str, select: Any) -> Select | None:
     return select
 
 
+def prediction_tensor(output: Any) -> Any:
+    """The scores in a model's output: the output itself when it is a tensor, the ``"logits"``
+    entry of a dict-like output (a Hugging Face ``ModelOutput``), else the output unchanged."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, Mapping) and isinstance(output.get("logits"), torch.Tensor):
+        return output["logits"]
+    return output
+
+
 class ValidationMetric:
     """Base class of validation metrics."""
 
@@ -47,8 +58,9 @@ class ValidationMetric:
     select: Select | None = None
 
     def tensor(self, output: Any) -> torch.Tensor:
-        """The tensor this metric reads from the model's output (``select`` applied)."""
-        out = self.select(output) if self.select is not None else output
+        """The tensor this metric reads from the model's output: ``select`` applied, else
+        :func:`prediction_tensor`."""
+        out = self.select(output) if self.select is not None else prediction_tensor(output)
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"{type(self).__name__} needs a tensor of model outputs, but "
                             f"{'select returned' if self.select else 'the model returns'} "
@@ -104,7 +116,8 @@ def one_output_threshold(criterion: Any) -> float:
 
 
 class Loss(ValidationMetric):
-    """The criterion's mean over the validation samples (or the given ``criterion``)."""
+    """The criterion's mean over the validation samples (or the given ``criterion``); in a run
+    with a ``training_step`` and no criterion, the step's loss (:mod:`sparkdl.training_step`)."""
 
     name = "Loss"
 
@@ -113,6 +126,9 @@ class Loss(ValidationMetric):
 
     def partial(self, output: Any, target: torch.Tensor, criterion: Any) -> np.ndarray:
         crit = self.criterion if self.criterion is not None else criterion
+        if crit is None:
+            raise TypeError("Loss() has no criterion: pass Loss(criterion=...) or give the run "
+                            "a criterion or a training_step")
         if isinstance(crit, torch.nn.Module):
             crit = crit.to(target.device)
         if has_normaliser(crit):    # masked or class-weighted: the mean over the union
@@ -123,6 +139,14 @@ class Loss(ValidationMetric):
         if getattr(crit, "reduction", "mean") == "sum":
             return np.array([value, n])
         return np.array([value * n, n])
+
+
+def uses_step_loss(metric: ValidationMetric, criterion: Any, training_step: Any) -> bool:
+    """Whether ``metric`` is a :class:`Loss` served by the training step (no criterion given to
+    the metric or the run): the step's loss over the validation rows
+    (:func:`sparkdl.training_step.step_loss_sums`)."""
+    return (isinstance(metric, Loss) and metric.criterion is None and criterion is None
+            and training_step is not None)
 
 
 class MAE(ValidationMetric):

@@ -81,3 +81,16 @@ def test_movielens_examples_match_single_process_pytorch(script, name, plausible
     ours, single = float(found.group(1)), float(found.group(2))
     assert abs(ours - single) / single <= 0.02, (ours, single)
     assert plausible(ours) and plausible(single), (ours, single)
+
+
+def test_transformer_example_trains_a_huggingface_model_with_its_own_loss():
+    """Hugging Face BERT from a config, titles tokenised in Spark, trainingStep: sparkdl's test
+    accuracy next to single-process PyTorch with the same step and recipe (2 epochs here)."""
+    proc = spark_submit("movielens_title_transformer.py", "--epochs", "2", "--max-gap", "0.05",
+                        timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    found = re.search(r"test accuracy: ([0-9.]+) \(single-process PyTorch, same recipe: "
+                      r"([0-9.]+); gap", proc.stdout)
+    assert found, proc.stdout
+    ours, single = float(found.group(1)), float(found.group(2))
+    assert abs(ours - single) / single <= 0.05 and min(ours, single) > 0.5, (ours, single)

@@ -95,11 +95,13 @@ class HistoryClassifier(nn.Module):
 
 def train_single_process(model: nn.Module, inputs: Sequence[Any], target: np.ndarray,
                          loss: Any, lr: float, batch_size: int, epochs: int, seed: int,
-                         padding_value: float = 0.0) -> nn.Module:
+                         padding_value: float = 0.0, training_step: Any = None) -> nn.Module:
     """Plain PyTorch, one process: Adam, ``epochs`` passes in a seeded shuffled order, every
     batch's variable-length inputs (:class:`sparkdl.data.ragged.Ragged`) padded to its longest
     row and followed by their lengths, as sparkdl passes them. The reference the MovieLens
-    examples compare sparkdl against."""
+    examples compare sparkdl against. With ``training_step`` (:mod:`sparkdl.training_step`)
+    each batch's loss is ``training_step(model, args, target)`` instead of
+    ``loss(model(*args), target)``."""
     from ..data.ragged import model_arguments
 
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
@@ -114,6 +116,11 @@ def train_single_process(model: nn.Module, inputs: Sequence[Any], target: np.nda
             args = [torch.from_numpy(np.asarray(a)) for a in model_arguments(batch,
                                                                              padding_value)]
             optimizer.zero_grad()
-            loss(model(*args), torch.from_numpy(target[idx])).backward()
+            y = torch.from_numpy(target[idx])
+            if training_step is None:
+                loss(model(*args), y).backward()
+            else:
+                value = training_step(model, args, y)
+                (value[0] / value[1] if isinstance(value, tuple) else value).backward()
             optimizer.step()
     return model

@@ -18,7 +18,7 @@ from torch import nn
 from ..argument_checks import argument_error
 from ..errors import InvalidArgumentError
 
-__all__ = ["check_training_data", "check_criterion", "check_optimizer", "check_lr_scheduler",
+__all__ = ["check_training_data", "check_criterion", "check_steps", "check_optimizer", "check_lr_scheduler",
            "scheduler_needs_metric"]
 
 
@@ -49,6 +49,27 @@ def check_training_data(name: str, owner: str, value: Any) -> Any:
     raise InvalidArgumentError(
         f"The '{name}' argument of {owner} must be a pyspark RDD of (features, label) pairs. "
         f"Got {type(value).__name__} instead.{hint}")
+
+
+def check_steps(owner: str, criterion: Any, training_step: Any, validation_step: Any,
+                sample_weights: bool) -> tuple[Any, Any]:
+    """``training_step`` and ``validation_step`` (:mod:`sparkdl.training_step`): functions or
+    None; a run needs a criterion or a training step."""
+    for name, step in (("training_step", training_step), ("validation_step", validation_step)):
+        if step is not None and not callable(step):
+            raise argument_error(name, owner, "a function (model, inputs, target) -> "
+                                 + ("loss" if name == "training_step" else "output"), step)
+    if criterion is None and training_step is None:
+        raise InvalidArgumentError(
+            f"{owner} needs a criterion (a loss such as torch.nn.CrossEntropyLoss()) or a "
+            "training_step (a function (model, inputs, target) -> loss); both are missing.")
+    if training_step is not None and sample_weights:
+        raise InvalidArgumentError(
+            f"{owner}: sample_weights=True cannot be combined with a training_step. Keep "
+            "sample_weights=False: each record's weight then reaches the step as its last "
+            "input; weight the loss terms there and return (weighted loss sum, sum of the "
+            "weights).")
+    return training_step, validation_step
 
 
 def check_criterion(owner: str, criterion: Any) -> str:

@@ -22,7 +22,11 @@ from torch import nn
 
 from ..data.ragged import model_arguments
 from ..losses import CLASS_INDEX_LOSSES
-from ..errors import ModelCriterionMismatchError, TrainingDataError
+from ..errors import (InvalidArgumentError, ModelCriterionMismatchError, TrainingDataError,
+                      TrainingStepError)
+from ..executor.replicas import set_training_modes, training_modes
+from ..metrics import Loss, uses_step_loss
+from ..training_step import step_loss_sums, step_loss_terms
 from ..executor.shard_store import ShardSummary
 from ..executor.step import as_model_input
 from .rng_isolation import private_torch_rng
@@ -130,24 +134,54 @@ def _check_tensor_output(output: torch.Tensor, target: torch.Tensor, criterion: 
 
 def dry_run(model: nn.Module, criterion: Any, spec: DataSpec, what: str,
             metrics: Sequence[Any] = (), dtype: torch.dtype | None = None,
-            arguments: Any = None) -> None:
+            arguments: Any = None, steps: tuple[Any, Any] = (None, None)) -> None:
     """Run a copy of the model, the criterion and the validation ``metrics`` on a few real
     samples (floating inputs in ``dtype``, the model's parameter dtype); explain any mismatch.
 
     The model may return anything the criterion accepts (a tensor, a tuple, a dict); the shape
-    checks apply when it returns a tensor."""
+    checks apply when it returns a tensor. ``steps`` are the run's training and validation
+    steps (:mod:`sparkdl.training_step`): the training step is tried with grad, in the modes
+    the tasks train in, and must return a scalar loss with grad or ``(loss_sum, normaliser)``;
+    the metrics read the validation step's output."""
     with private_torch_rng():            # a dropout layer must not draw from the caller's RNG
-        _dry_run(copy.deepcopy(model), criterion, spec, what, metrics, dtype, arguments)
+        _dry_run(copy.deepcopy(model), criterion, spec, what, metrics, dtype, arguments, steps)
+
+
+def _try_training_step(probe: nn.Module, step: Any, inputs: list[torch.Tensor],
+                       target: torch.Tensor, shapes: str) -> None:
+    """The training step on the samples, as a task runs it: an error names what it returned."""
+    modes = training_modes(probe)
+    set_training_modes(probe, modes)
+    try:
+        step_loss_terms(step, probe, inputs, target)
+    except TrainingStepError:
+        raise
+    except Exception as exc:
+        raise TrainingStepError(
+            f"The training step cannot run on the training rows: features of shape(s) {shapes} "
+            f"and labels of shape {tuple(target.shape)} ({target.dtype}) raised "
+            f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        probe.zero_grad(set_to_none=True)
+        probe.eval()
 
 
 def _dry_run(probe: nn.Module, criterion: Any, spec: DataSpec, what: str,
-             metrics: Sequence[Any], dtype: torch.dtype | None, arguments: Any) -> None:
+             metrics: Sequence[Any], dtype: torch.dtype | None, arguments: Any,
+             steps: tuple[Any, Any] = (None, None)) -> None:
 
     args = (arguments(list(spec.sample_features)) if arguments is not None
             else model_arguments(spec.sample_features))
     inputs = [as_model_input(f, dtype) for f in args]
     target = as_model_input(spec.sample_labels, dtype)
     shapes = ", ".join(f"{tuple(x.shape)} {x.dtype}" for x in inputs)
+    training_step, validation_step = steps
+    if training_step is not None:
+        if what == "training":
+            _try_training_step(probe, training_step, inputs, target, shapes)
+        _dry_run_metrics(probe, criterion, training_step, validation_step, inputs, target,
+                         metrics, shapes, what)
+        return
     try:
         with torch.no_grad():
             output = probe(*inputs)
@@ -169,11 +203,46 @@ def _dry_run(probe: nn.Module, criterion: Any, spec: DataSpec, what: str,
         raise ModelCriterionMismatchError(
             f"The criterion must return a scalar loss; {name} returned "
             f"{getattr(loss, 'shape', type(loss).__name__)}.")
+    _dry_run_metrics(probe, criterion, None, validation_step, inputs, target, metrics, shapes,
+                     what, output)
+
+
+def _dry_run_metrics(probe: nn.Module, criterion: Any, training_step: Any, validation_step: Any,
+                     inputs: list[torch.Tensor], target: torch.Tensor, metrics: Sequence[Any],
+                     shapes: str, what: str, output: Any = None) -> None:
+    """The validation metrics on the samples, reading what validation computes: the validation
+    step's output, else the model's (``output`` when already computed)."""
+    if not metrics:
+        return
+    with torch.no_grad():
+        if validation_step is not None:
+            try:
+                output = validation_step(probe, inputs, target)
+            except Exception as exc:
+                raise ModelCriterionMismatchError(
+                    f"The validation step cannot run on the {what} rows (features of shape(s) "
+                    f"{shapes}): {type(exc).__name__}: {exc}") from exc
+        elif output is None:
+            try:
+                output = probe(*inputs)
+            except Exception as exc:
+                raise ModelCriterionMismatchError(
+                    f"The model cannot run on the {what} features: a batch of features of "
+                    f"shape(s) {shapes} raised {type(exc).__name__}: {exc}") from exc
     for metric in metrics:
+        if isinstance(metric, Loss) and metric.criterion is None and criterion is None \
+                and training_step is None:
+            raise InvalidArgumentError(
+                "The validation metric Loss has no criterion: the run has none. Pass "
+                "Loss(criterion=...), a criterion, or a training_step (whose loss it then is).")
         try:
             with torch.no_grad():
-                metric.partial(output, target, criterion)
+                if uses_step_loss(metric, criterion, training_step):
+                    step_loss_sums(training_step, probe, inputs, target)
+                else:
+                    metric.partial(output, target, criterion)
         except Exception as exc:
             raise ModelCriterionMismatchError(
-                f"The validation metric {metric.name} cannot read the model output "
+                f"The validation metric {metric.name} cannot read the "
+                f"{'validation step' if validation_step is not None else 'model'} output "
                 f"({_describe(output)}): {type(exc).__name__}: {exc}") from exc

@@ -51,7 +51,8 @@ from ..storage.checkpoint_store import CheckpointStore
 from ..transport.codecs import COMPRESSIONS
 from ..transport.flat_layout import ParamLayout
 from ..triggers import MaxEpoch, Trigger
-from .arguments import (check_criterion, check_lr_scheduler, check_optimizer,
+from ..training_step import TrainingStep, ValidationStep
+from .arguments import (check_criterion, check_lr_scheduler, check_optimizer, check_steps,
                         check_training_data)
 from .checkpointing import CheckpointSetup, Checkpoints
 from .clipping import GradientClipping, check_norm_clipping, check_value_clipping
@@ -100,9 +101,11 @@ class DistriOptimizer:
             the model's parameter dtype, integers as int64. A
             :class:`sparkdl.runners.LocalPartitions` instead runs the same loop in this
             process, without Spark (bitwise the same result on the same partitions).
-        criterion: a loss with reduction ``'mean'`` (the default of torch's losses) or ``'sum'``.
-        optimizer: a ``torch.optim.Optimizer`` built over ``model.parameters()``.
-        batch_size: the global mini-batch size (any positive int).
+        criterion: a loss with reduction ``'mean'`` (the default of torch's losses) or ``'sum'``;
+            optional with ``training_step`` (then, when given, it serves validation's
+            :class:`~sparkdl.metrics.Loss` and the one-output accuracy threshold).
+        optimizer: a ``torch.optim.Optimizer`` built over ``model.parameters()`` (required).
+        batch_size: the global mini-batch size (any positive int; required).
         end_trigger: when to stop; default ``MaxEpoch(1)``.
         seed: fixes every random choice (the per-partition shuffles).
         lr_scheduler: any torch LR scheduler over ``optimizer``.
@@ -147,6 +150,17 @@ class DistriOptimizer:
             ``reduction='mean'`` and no class weights, is evaluated with ``reduction='none'``;
             a sample's loss is the mean of its values, ignored targets included). Validation
             metrics ignore the weights.
+        training_step: your own step, ``(model, inputs, target) -> loss``, replacing
+            ``criterion(model(*inputs), target)``: ``inputs`` are the model arguments of the
+            task's rows; the loss is their mean, or ``(loss_sum, normaliser)`` for a loss whose
+            normaliser is not the row count (:mod:`sparkdl.training_step`). The engine still
+            owns backward, micro-batches, precision, clipping, the AllReduce and the optimizer:
+            the result equals single-process training calling the same step on the union batch
+            for losses that are sums or means over samples (a loss coupling the rows of a batch
+            is computed per task, like BatchNorm's statistics). Tried on a few rows before any
+            Spark job.
+        validation_step: optional ``(model, inputs, target) -> output`` replacing
+            ``model(*inputs)`` in validation; the metrics read its output.
         exchange_dir: for the DataFrame runner that the estimators use under Spark Connect
             (:mod:`sparkdl.runners.connect_dataframe`): where weights above
             :data:`sparkdl.executor.exchange.CLOSURE_MAX_BYTES` travel; unused by RDD runs.
@@ -164,8 +178,8 @@ class DistriOptimizer:
         opt.summary.to_pandas()
     """
 
-    def __init__(self, model: nn.Module, training_rdd: Any, criterion: Any,
-                 optimizer: torch.optim.Optimizer, batch_size: int,
+    def __init__(self, model: nn.Module, training_rdd: Any, criterion: Any = None,
+                 optimizer: torch.optim.Optimizer | None = None, batch_size: int | None = None,
                  end_trigger: Trigger | None = None, seed: int = 0,
                  lr_scheduler: Any = None, lr_scheduler_step: str = "epoch",
                  micro_batch_size: int | None = None, shuffle: bool = True,
@@ -175,8 +189,17 @@ class DistriOptimizer:
                  train_transform: Callable[[Any, Any], Any] | None = None,
                  sequence_inputs: Sequence[int] = (), padding_value: float = 0.0,
                  collate: Callable[[list[Any]], Sequence[Any]] | None = None,
-                 sample_weights: bool = False, exchange_dir: str | None = None) -> None:
+                 sample_weights: bool = False, exchange_dir: str | None = None,
+                 training_step: TrainingStep | None = None,
+                 validation_step: ValidationStep | None = None) -> None:
         self.model = check_type("model", _OWNER, model, nn.Module, "a torch.nn.Module")
+        self.training_step, self.validation_step = check_steps(
+            _OWNER, criterion, training_step, validation_step, sample_weights)
+        if optimizer is None:
+            raise argument_error("optimizer", _OWNER, "a torch.optim.Optimizer built over "
+                                 "model.parameters()", optimizer)
+        if batch_size is None:
+            raise argument_error("batch_size", _OWNER, "a positive int", batch_size)
         if train_transform is not None and not callable(train_transform):
             raise argument_error("train_transform", _OWNER,
                                  "a function (features, numpy Generator) -> features",
@@ -219,7 +242,8 @@ class DistriOptimizer:
                 "optimizer runs on the driver's CPU and every task moves its own replica to its "
                 "device (device='auto' or 'cuda'). Pass the model before .cuda() / .to(...).")
         self.training_rdd = check_training_data("training_rdd", _OWNER, training_rdd)
-        self.reduction = check_criterion(_OWNER, criterion)
+        self.reduction = (check_criterion(_OWNER, criterion) if criterion is not None
+                          else "mean")
         self.criterion = criterion
         self.optimizer = check_optimizer(_OWNER, optimizer, model)
         self.end_trigger = check_type("end_trigger", _OWNER,
@@ -499,14 +523,15 @@ class DistriOptimizer:
             self.data_spec = summarize(train.summaries, "training")
             param_dtype = self.layout.param_dtype
             arguments = self._model_arguments
+            steps = (self.training_step, self.validation_step)
             dry_run(self.model, self.criterion, self.data_spec, "training", dtype=param_dtype,
-                    arguments=arguments)
+                    arguments=arguments, steps=steps)
             if self._validation is not None:
                 self._validation.held = runner.load(self._validation.data, "validation", dtype,
                                                     self.sequence_inputs)
                 dry_run(self.model, self.criterion,
                         summarize(self._validation.held.summaries, "validation"), "validation",
-                        self._validation.metrics, param_dtype, arguments)
+                        self._validation.metrics, param_dtype, arguments, steps)
             plan = BatchPlan(self.data_spec.partition_sizes, self.batch_size, self.seed,
                              self.settings.shuffle)
             ctx = RunContext(self.settings, self.model, self.criterion, self.reduction,
@@ -515,6 +540,7 @@ class DistriOptimizer:
                              LossScaler() if self.settings.runner_options.precision == "16-mixed"
                              else None)
             ctx.fit_key = dict(identity, data=data_digest(train.summaries))
+            ctx.training_step = self.training_step
             if setup is not None and setup.by_fit:   # this fit's own subdirectory
                 directory = f"{setup.path.rstrip('/')}/{identity_directory(ctx.resume_key())}"
                 ctx.checkpoints = checkpoints = Checkpoints(
@@ -525,7 +551,8 @@ class DistriOptimizer:
                 checkpoints.restore(ctx, resumed)  # type: ignore[union-attr]
             how = runner.start(ReplicaSpec(self.model, self.criterion, self.reduction,
                                            self.train_transform, self.padding_value,
-                                           self.collate, self.settings.sample_weights),
+                                           self.collate, self.settings.sample_weights,
+                                           self.training_step, self.validation_step),
                                self.layout, self.settings.runner_options, train)
             log.info("training on %d samples in %d partitions: global batch %d, %d iterations "
                      "per epoch, %s", plan.num_samples, plan.num_partitions, self.batch_size,

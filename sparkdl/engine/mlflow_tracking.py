@@ -117,7 +117,8 @@ def engine_params(engine: Any, plan: Any) -> dict[str, Any]:
         "device": o.device, "precision": o.precision, "sample_weights": s.sample_weights,
         "end_trigger": repr(engine.end_trigger), "model": type(engine.model).__name__,
         "parameters": sum(p.numel() for p in engine.model.parameters()),
-        "criterion": type(engine.criterion).__name__,
+        "criterion": type(engine.criterion).__name__ if engine.criterion is not None else None,
+        "training_step": _name(engine.training_step),
         "optimizer": type(engine.optimizer).__name__,
         "lr_scheduler": type(engine.lr_scheduler).__name__ if engine.lr_scheduler else None,
         "partitions": plan.num_partitions, "samples": plan.num_samples,
@@ -126,6 +127,13 @@ def engine_params(engine: Any, plan: Any) -> dict[str, Any]:
         if value is None or isinstance(value, (bool, int, float, str, tuple)):
             params[f"optimizer.{key}"] = value
     return params
+
+
+def _name(function: Any) -> str | None:
+    """A function's qualified name (or its class's), None for None."""
+    if function is None:
+        return None
+    return getattr(function, "__qualname__", type(function).__name__)
 
 
 def _unreachable(uri: str) -> str | None:

@@ -83,6 +83,8 @@ class RunContext:
     caller."""
     summary: TrainingSummary = field(default_factory=TrainingSummary)
     iteration: int = 0
+    training_step: Any = None
+    """The user's training step (:mod:`sparkdl.training_step`), or None for the criterion."""
     fit_key: dict[str, Any] = field(default_factory=dict)
     """The fit's data, hyperparameters and initial weights (:mod:`sparkdl.engine.fit_identity`)."""
     best_states: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -93,7 +95,8 @@ class RunContext:
     def normalised_loss(self) -> bool:
         """The tasks report the loss's normaliser and the loop divides by the union's
         (:mod:`sparkdl.losses`)."""
-        return divided_on_driver(self.criterion, self.reduction, self.settings.sample_weights)
+        return self.training_step is not None or divided_on_driver(
+            self.criterion, self.reduction, self.settings.sample_weights)
 
     def resume_key(self) -> dict[str, Any]:
         """What a checkpoint must have been written with for this run to resume it."""

@@ -41,6 +41,8 @@ class ReplicaSpec:
     padding_value: float = 0.0
     collate: Any = None
     sample_weights: bool = False
+    training_step: Any = None       # sparkdl.training_step: replaces criterion(model(*inputs))
+    validation_step: Any = None     # replaces model(*inputs) in validation
 
 
 def training_modes(model: nn.Module) -> list[bool]:
@@ -74,10 +76,13 @@ class Replica:
         self.train_transform = spec.train_transform
         self.padding_value, self.collate = spec.padding_value, spec.collate
         self.sample_weights = spec.sample_weights
+        self.training_step, self.validation_step = spec.training_step, spec.validation_step
         self.train_modes = training_modes(spec.model)
         self.per_sample_criterion = None
         # a mean loss whose normaliser is not the row count (sparkdl.losses): tasks report it
-        self.normalised = divided_on_driver(self.criterion, spec.reduction, spec.sample_weights)
+        # (a training step's loss always travels so: a mean over rows counts each row once)
+        self.normalised = spec.training_step is not None or divided_on_driver(
+            self.criterion, spec.reduction, spec.sample_weights)
         if spec.sample_weights:     # the same loss, one value per sample
             self.per_sample_criterion = copy.copy(self.criterion)
             self.per_sample_criterion.reduction = "none"

@@ -28,7 +28,8 @@ from ..data.batch_plan import task_seed, transform_generator
 from ..data.ragged import Ragged, model_arguments
 from ..errors import SparkdlError
 from ..losses import loss_terms
-from ..metrics import ValidationMetric
+from ..training_step import step_loss_sums, step_loss_terms
+from ..metrics import ValidationMetric, uses_step_loss
 from .process_memory import current_rss_bytes
 from .replicas import Replica, set_training_modes
 from .shard_store import Shard
@@ -194,13 +195,16 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
         inputs, target = _to_tensors(features, labels, layout.param_dtype, replica.device,
                                      replica)
         with autocast(step.precision, replica.device):
-            output = model(*inputs)
-            if replica.normalised:      # the driver divides by the union's normaliser
-                loss, multiplier, normaliser = loss_terms(replica.criterion, output, target)
+            if replica.training_step is not None:       # the user's own step (its own calls)
+                loss, multiplier, normaliser = step_loss_terms(replica.training_step, model,
+                                                               inputs, target)
+            elif replica.normalised:    # the driver divides by the union's normaliser
+                loss, multiplier, normaliser = loss_terms(replica.criterion, model(*inputs),
+                                                          target)
             elif replica.sample_weights:
-                loss = replica.per_sample_criterion(output, target)
+                loss = replica.per_sample_criterion(model(*inputs), target)
             else:
-                loss = replica.criterion(output, target)
+                loss = replica.criterion(model(*inputs), target)
         if replica.sample_weights:
             # sum of w_i * loss_i; the driver divides the summed vector by the union's sum of w
             per_sample = loss.reshape(loss.shape[0], -1).mean(1)
@@ -247,8 +251,13 @@ def compute_metric_sums(shard: Shard | None, replica: Replica, weights: np.ndarr
             inputs, target = _to_tensors(features, labels, replica.layout.param_dtype,
                                          replica.device, replica)
             with autocast(precision, replica.device):
-                output = model(*inputs)
+                output = (replica.validation_step(model, inputs, target)
+                          if replica.validation_step is not None else model(*inputs))
             for m, metric in enumerate(metrics):
-                part = metric.partial(output, target, replica.criterion)
+                if uses_step_loss(metric, replica.criterion, replica.training_step):
+                    with autocast(precision, replica.device):   # the step's own model calls
+                        part = step_loss_sums(replica.training_step, model, inputs, target)
+                else:
+                    part = metric.partial(output, target, replica.criterion)
                 sums[m] = part if sums[m].size == 0 else sums[m] + part
     return sums, shard.count

@@ -36,6 +36,7 @@ from ..engine.distri_optimizer import DistriOptimizer
 from ..engine.rng_isolation import private_torch_rng
 from ..executor.step import as_model_input
 from ..losses import CLASS_INDEX_LOSSES
+from ..metrics import prediction_tensor
 from ..errors import InvalidArgumentError, ModelCriterionMismatchError, TrainingDataError
 from ..storage.file_systems import is_connect_session
 from ..executor.exchange import check_exchange
@@ -109,10 +110,11 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
     def __init__(self, *, model: ModelSpec | None = None, criterion: Any = None,
                  preprocess: Any = None, optimizerFactory: Any = None, augment: Any = None,
                  lrScheduler: Any = None, initialModel: Any = None, collate: Any = None,
+                 trainingStep: Any = None, validationStep: Any = None,
                  **params: Any) -> None:
         super().__init__()
         self._set_objects(model, criterion, preprocess, optimizerFactory, augment, lrScheduler,
-                          initialModel, collate)
+                          initialModel, collate, trainingStep, validationStep)
         unknown = sorted(set(params) - {p.name for p in self.params})
         if unknown:
             raise InvalidArgumentError(
@@ -122,7 +124,8 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
 
     def _set_objects(self, model: ModelSpec | None, criterion: Any, preprocess: Any,
                      optimizer_factory: Any, augment: Any = None, lr_scheduler: Any = None,
-                     initial_model: Any = None, collate: Any = None) -> None:
+                     initial_model: Any = None, collate: Any = None, training_step: Any = None,
+                     validation_step: Any = None) -> None:
         owner = type(self).__name__
         if model is not None and not isinstance(model, nn.Module) and not callable(model):
             raise InvalidArgumentError(f"The 'model' argument of {owner} must be a "
@@ -130,13 +133,16 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
                                        f"Got {type(model).__name__} instead.")
         for name, value in (("criterion", criterion), ("preprocess", preprocess),
                             ("optimizerFactory", optimizer_factory), ("augment", augment),
-                            ("lrScheduler", lr_scheduler), ("collate", collate)):
+                            ("lrScheduler", lr_scheduler), ("collate", collate),
+                            ("trainingStep", training_step),
+                            ("validationStep", validation_step)):
             if value is not None and not callable(value):
                 raise InvalidArgumentError(f"The '{name}' argument of {owner} must be callable. "
                                            f"Got {type(value).__name__} instead.")
         self.model_spec, self.criterion = model, criterion
         self.preprocess, self.optimizer_factory = preprocess, optimizer_factory
         self.augment, self.lr_scheduler, self.collate = augment, lr_scheduler, collate
+        self.training_step, self.validation_step = training_step, validation_step
         self.initial_weights = _initial_weights(owner, initial_model)
 
     def _fresh_model(self) -> nn.Module:
@@ -152,9 +158,10 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
     def _fit(self, dataset: DataFrame) -> Any:
         validate_params(self)
         check_logging(self)
-        if self.criterion is None:
+        if self.criterion is None and self.training_step is None:
             raise InvalidArgumentError(f"{type(self).__name__} has no criterion: pass "
-                                       "criterion=torch.nn.CrossEntropyLoss() or another loss.")
+                                       "criterion=torch.nn.CrossEntropyLoss() or another loss, "
+                                       "or trainingStep=(model, inputs, target) -> loss.")
         if self._classifier and isinstance(self.criterion, nn.BCELoss):
             raise InvalidArgumentError(
                 f"{type(self).__name__} reads one output per row as a logit (transform's "
@@ -215,7 +222,9 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
                                  train_transform=self.augment,
                                  padding_value=get("paddingValue"), collate=self.collate,
                                  sample_weights=bool(weight_col),
-                                 exchange_dir=get("exchangeDir") or None)
+                                 exchange_dir=get("exchangeDir") or None,
+                                 training_step=self.training_step,
+                                 validation_step=self.validation_step)
         if get("tensorboardDir"):
             engine.set_tensorboard(get("tensorboardDir"))
         configure_engine(self, engine, None if val_df is None else blocks(val_df))
@@ -278,7 +287,7 @@ def _output_size(model: nn.Module, engine: DistriOptimizer) -> int:
     dtype = engine.layout.param_dtype
     with torch.no_grad():
         args = engine._model_arguments(list(engine.data_spec.sample_features))
-        out = model(*[as_model_input(a, dtype) for a in args])
+        out = prediction_tensor(model(*[as_model_input(a, dtype) for a in args]))
     model.train(was_training)
     return int(np.prod(out.shape[1:]))
 
@@ -431,6 +440,15 @@ class NNEstimator(_NNEstimatorBase, NNParams):
         collate: optional ``(inputs) -> model arguments`` for batches with ``sequenceCols``
             (instead of padded tensor + lengths; see :mod:`sparkdl.data.ragged`); also used by
             the fitted model's ``transform``.
+        trainingStep: optional ``(model, inputs, target) -> loss`` used instead of
+            ``criterion(model(*inputs), target)`` (then ``criterion`` is optional): the loss is
+            the mean over the rows, or ``(loss_sum, normaliser)``
+            (:mod:`sparkdl.training_step`; adapters for Hugging Face and Lightning in
+            :mod:`sparkdl.adapters`). Without a criterion, the validation ``"loss"`` is the
+            step's loss. ``transform`` still calls ``model(*inputs)`` (a dict-like output is
+            read at its ``"logits"``).
+        validationStep: optional ``(model, inputs, target) -> output`` replacing
+            ``model(*inputs)`` for the validation metrics.
         **params: any Param: featuresCol, featuresCols, inputCols, labelCol, predictionCol,
             featureShape, batchSize, maxEpoch, learningRate, optimizer, momentum, weightDecay,
             seed, numTrainWorkers, validationIndicatorCol, microBatchSize, inferenceBatchSize,

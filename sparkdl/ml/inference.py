@@ -20,6 +20,7 @@ from ..executor.devices import task_device
 from ..executor.step import as_model_input, autocast, set_task_threads
 from ..executor.worker_cache import WorkerCache
 from ..executor.exchange import Exchange, Payload
+from ..metrics import prediction_tensor
 
 __all__ = ["predict_column"]
 
@@ -58,7 +59,7 @@ def _outputs(model: torch.nn.Module, xs: Sequence[Any], batch_size: int,
                         for x in xs]   # new arrays (fancy indexing copies)
             batch = [as_model_input(a, dtype).to(device)
                      for a in model_arguments(features, padding_value, collate)]
-            out = model(*batch)
+            out = prediction_tensor(model(*batch))
             chunks.append(out.double().reshape(out.shape[0], -1).cpu().numpy())
     return np.concatenate(chunks) if chunks else np.zeros((0, width))
 

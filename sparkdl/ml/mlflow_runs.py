@@ -67,10 +67,12 @@ def stage_params(stage: Any, engine: Any) -> dict[str, Any]:
     and, when given, the optimizer factory's name."""
     params: dict[str, Any] = {p.name: v for p, v in stage.extractParamMap().items()}
     params["model"] = type(engine.model).__name__
-    params["criterion"] = type(engine.criterion).__name__
-    if getattr(stage, "optimizer_factory", None) is not None:
-        params["optimizerFactory"] = getattr(stage.optimizer_factory, "__qualname__",
-                                             type(stage.optimizer_factory).__name__)
+    params["criterion"] = (type(engine.criterion).__name__ if engine.criterion is not None
+                           else None)
+    for name, function in (("optimizerFactory", getattr(stage, "optimizer_factory", None)),
+                           ("trainingStep", getattr(stage, "training_step", None))):
+        if function is not None:
+            params[name] = getattr(function, "__qualname__", type(function).__name__)
     return params
 
 

@@ -1,7 +1,8 @@
 """Saving and loading the DataFrame stages (MLWritable / MLReadable), Pipelines included.
 
 An estimator saves its Params as Spark's JSON metadata plus ``objects.pkl`` (the model or
-factory, criterion, preprocessing function, optimizer factory and augmentation, cloudpickled). A fitted model
+factory, criterion, preprocessing function, optimizer factory, augmentation and training and
+validation steps, cloudpickled). A fitted model
 saves its Params, ``weights.pt`` (a plain ``torch.save`` of the state_dict, loadable without
 Spark: ``torch.load(path + "/weights.pt", weights_only=True)``), ``module.pkl`` (the
 architecture) and its per-epoch summary. Loading checks that the saved class is the one asked for.
@@ -94,7 +95,9 @@ class NNStageWriter(_StageWriter):
                    "augment": self.instance.augment,
                    "lr_scheduler": self.instance.lr_scheduler,
                    "initial_weights": self.instance.initial_weights,
-                   "collate": self.instance.collate}
+                   "collate": self.instance.collate,
+                   "training_step": self.instance.training_step,
+                   "validation_step": self.instance.validation_step}
         self.files.write(path, "objects.pkl", cloudpickle.dumps(objects))
 
 
@@ -110,7 +113,8 @@ class NNStageReader(_StageReader):
         instance._set_objects(objects["model"], objects["criterion"], objects["preprocess"],
                               objects["optimizer_factory"], objects.get("augment"),
                               objects.get("lr_scheduler"), objects.get("initial_weights"),
-                              objects.get("collate"))
+                              objects.get("collate"), objects.get("training_step"),
+                              objects.get("validation_step"))
         return instance
 
 

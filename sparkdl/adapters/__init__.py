@@ -1,0 +1,21 @@
+"""Training steps for models that compute their own loss: Hugging Face ``transformers`` models
+(:mod:`sparkdl.adapters.huggingface`) and Lightning modules (:mod:`sparkdl.adapters.lightning`).
+
+Each adapter turns the model's own training code into a ``training_step``
+(:mod:`sparkdl.training_step`) for :class:`sparkdl.DistriOptimizer` or the estimators'
+``trainingStep``. Neither imports its framework: install it as the extra ``sparkdl[huggingface]``
+or ``sparkdl[lightning]`` where the model is built.
+
+Example::
+
+    from sparkdl.adapters import huggingface_step, lightning_arguments
+    DistriOptimizer(bert, rdd, optimizer=opt, batch_size=32,
+                    training_step=huggingface_step(("input_ids", "attention_mask")))
+    DistriOptimizer(module, rdd, batch_size=32, **lightning_arguments(module))
+"""
+
+from .huggingface import HuggingFaceStep, huggingface_step
+from .lightning import LightningStep, lightning_arguments, lightning_step
+
+__all__ = ["HuggingFaceStep", "huggingface_step", "LightningStep", "lightning_step",
+           "lightning_arguments"]
