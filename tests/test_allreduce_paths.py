@@ -133,3 +133,49 @@ def test_replica_objects_are_frozen_out_of_the_per_task_collection_until_dropped
         assert gc.get_freeze_count() == 0         # given back, so its cycles can be reclaimed
     finally:
         gc.unfreeze()
+
+
+class _Report:
+    def __init__(self, partition, missing):
+        self.partition, self.missing_shard = partition, missing
+        self.started_at = self.finished_at = 0.0
+
+
+def _vectors(n, size=1001):
+    rng = np.random.default_rng(4)
+    return [rng.normal(size=size).astype(np.float32) * 10 ** (i % 3) for i in range(n)]
+
+
+@pytest.mark.parametrize("kind", ["shuffle", "driver"])
+def test_after_a_miss_only_the_missing_vector_and_the_reduce_are_computed_again(sc, kind):
+    """A task that found no shard: complete() adds the filled vector without running any other
+    task's map side again (the shuffle path reruns only its reduce stage over the shuffle files
+    Spark holds), and the sum is bitwise the undisturbed one (partition order)."""
+    from sparkdl.transport.allreduce import DriverAllReduce, ShuffleAllReduce
+
+    n, missing = 5, 2
+    vectors = _vectors(n)
+    computed = sc.accumulator(0)
+
+    def local_fn(partition, _):
+        computed.add(1)
+        if partition == missing:
+            return None, _Report(partition, True)
+        return vectors[partition], _Report(partition, False)
+
+    allreduce = (ShuffleAllReduce(vectors[0].size, np.float32, 3) if kind == "shuffle"
+                 else DriverAllReduce(vectors[0].size, np.float32))
+    index = sc.parallelize(range(n), n)
+    first = allreduce.run(index, local_fn)
+    assert first.missing_partitions == [missing] and computed.value == n
+    result = allreduce.complete(first, {missing: (vectors[missing], _Report(missing, False))})
+    assert computed.value == n                  # no map task ran again
+    expected = vectors[0].copy()
+    for v in vectors[1:]:
+        expected += v
+    assert result.missing_partitions == [] and [r.partition for r in result.reports] == \
+        list(range(n))
+    assert np.array_equal(result.vector, expected)
+    # the undisturbed job gives the same bits
+    undisturbed = allreduce.run(index, lambda p, _: (vectors[p], _Report(p, False)))
+    assert np.array_equal(undisturbed.vector, result.vector)

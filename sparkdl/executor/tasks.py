@@ -53,24 +53,17 @@ def _attempt() -> int:
 
 @dataclass
 class GradientTask:
-    """One iteration's map side: ``(partition, summary) -> (vector or None, TaskReport)``.
-
-    ``filled``: None, or a broadcast of ``{partition: (vector, report)}`` computed for this very
-    step by :class:`FillTask` where a first attempt found no shard; those partitions
-    contribute that result instead of looking for their shard again."""
+    """One iteration's map side: ``(partition, summary) -> (vector or None, TaskReport)``."""
 
     run_key: str
     data_key: str
     step: StepSpec
     spec: Any            # broadcast of the cloudpickled ReplicaSpec
     weights: Any         # broadcast of the flat weights
-    filled: Any = None
     live: LiveRuns | None = None   # the driver's live runs: the worker evicts the others'
 
     def __call__(self, partition: int, summary: Any) -> tuple[np.ndarray | None, TaskReport]:
         evict_finished(self.live)
-        if self.filled is not None and partition in self.filled.value:
-            return self.filled.value[partition]
         return self.compute(partition, open_shard(self.data_key, partition)
                             if int(self.step.counts[partition]) else None)
 

@@ -39,11 +39,10 @@ from typing import Any
 
 from pyspark import RDD, StorageLevel
 
-from ..errors import TrainingDataError
-from ..executor.live_runs import live_runs, new_key
 from ..executor.shard_store import ShardSummary
-from ..executor.tasks import CleanupTask, ShardBuildTask
+from ..executor.tasks import CleanupTask, FillTask
 from ..transport.allreduce import with_resources
+from .held_data import HeldData, check_unchanged
 
 __all__ = ["CachedData", "check_unchanged", "clean_workers", "driver_memory_reason",
            "lost_data_reason", "memory_kill_reason",
@@ -109,56 +108,28 @@ def _rows(rows: Any) -> Any:
     return rows
 
 
-def check_unchanged(name: str, old: ShardSummary, new: ShardSummary) -> None:
-    """A rebuilt shard must hold the samples the batch plan was made for."""
-    if old.error is not None or new.error is not None or \
-            (old.count, old.content_hash) == (new.count, new.content_hash):
-        return
-    what = (f"{old.count} samples before, {new.count} now" if old.count != new.count
-            else "the same number of samples with other contents")
-    raise TrainingDataError(
-        f"Partition {new.partition} of the {name} RDD came back different when its shard was "
-        f"rebuilt ({what}): the RDD is not deterministic (random sampling without a seed, an "
-        "unordered source, a nondeterministic UDF), so training cannot go on with the samples "
-        "its batch plan was made for. Make the input deterministic: cache() or checkpoint() it "
-        "before training, sort it, or seed its sampling.")
-
-
-class CachedData:
-    """An RDD of ``(features, label)`` pairs held as shards on the executors.
+class CachedData(HeldData):
+    """An RDD of ``(features, label)`` pairs held as shards on the executors (RDD jobs;
+    everything else is :class:`~sparkdl.runners.held_data.HeldData`'s).
 
     Args:
         rdd: the user's RDD (not modified, never unpersisted by sparkdl).
-        float_dtype: numpy dtype string that floating features and labels are stored in.
-        name: a word for the logs ("training", "validation").
-        place: where executors keep the shards, "disk" or "memory" (:func:`shard_place`).
-        ragged: the inputs that are variable-length (:mod:`sparkdl.data.ragged`).
+        float_dtype, name, place, ragged: as for :class:`~sparkdl.runners.held_data.HeldData`.
     """
+
+    source = "the RDD lineage"
 
     def __init__(self, rdd: RDD, float_dtype: str, name: str, place: str = "disk",
                  ragged: tuple[int, ...] = ()) -> None:
+        super().__init__(float_dtype, name, place, ragged)
         self.rdd = rdd
-        self.float_dtype = float_dtype
-        self.ragged = tuple(ragged)
-        self.name = name
-        self.place = place
-        self.data_key = new_key(name)
         self.index_rdd: RDD | None = None
-        self.summaries: list[ShardSummary] = []
-        self.shards_rebuilt = 0
-        self.placement_misses = 0
-
-    @property
-    def builder(self) -> ShardBuildTask:
-        return ShardBuildTask(self.data_key, self.float_dtype, self.place, self.ragged,
-                              live=live_runs())
 
     @property
     def num_partitions(self) -> int:
         return self.rdd.getNumPartitions()
 
-    def build(self) -> list[ShardSummary]:
-        """Convert every partition into a shard on its executor (one Spark job)."""
+    def _build(self) -> list[ShardSummary]:
         if self.index_rdd is not None:
             self.index_rdd.unpersist(blocking=False)
         self.index_rdd = self.rdd.mapPartitionsWithIndex(self.builder)
@@ -167,40 +138,14 @@ class CachedData:
         # localCheckpoint() then cuts the lineage once the blocks exist.
         self.index_rdd.persist(StorageLevel.MEMORY_AND_DISK)
         self.index_rdd.localCheckpoint()
-        self.summaries = sorted(self.index_rdd.collect(), key=lambda s: s.partition)
-        log.info("%s data: %d samples in %d partitions held as shards on the executors",
-                 self.name, sum(s.count for s in self.summaries), len(self.summaries))
-        return self.summaries
+        return self.index_rdd.collect()
 
-    def rebuild(self, reason: str) -> None:
-        """Build all shards again (``reason`` goes to the log) and check that the lineage gave
-        back the same samples: a nondeterministic input would silently train on other data."""
-        log.warning("%s shards must be rebuilt: %s; rebuilding all %d of them from the RDD "
-                    "lineage", self.name, reason, self.num_partitions)
-        before = self.summaries
-        self.build()
-        self.shards_rebuilt += len(self.summaries)
-        for old, new in zip(before, self.summaries):
-            check_unchanged(self.name, old, new)
-
-    def fill(self, partitions: list[int], task: Any, resources: Any = None) -> list[Any]:
-        """Run ``task`` (a :class:`~sparkdl.executor.tasks.FillTask`) over ``partitions`` of the
-        input RDD only: each builds its partition's shard where it runs and computes on it.
-        Returns the tasks' results in partition order, once each rebuilt shard has been checked
-        against the first build."""
-        self.placement_misses += len(partitions)
-        rdd = with_resources(self.rdd.mapPartitionsWithIndex(task), resources)
-        rows = self.rdd.context.runJob(rdd, _rows, sorted(partitions))
-        self.shards_rebuilt += len(rows)
-        for summary, _ in rows:
-            check_unchanged(self.name, self.summaries[summary.partition], summary)
-            if summary.error is not None:
-                raise TrainingDataError(f"Partition {summary.partition} of the {self.name} RDD "
-                                        f"failed when its shard was rebuilt: {summary.error}")
-        log.info("%s partitions %s ran where their shard was not; built those %d shards where "
-                 "their tasks ran (%d shards rebuilt so far)", self.name, sorted(partitions),
-                 len(rows), self.shards_rebuilt)
-        return [result for _, result in sorted(rows, key=lambda r: r[0].partition)]
+    def _fill(self, partitions: list[int], task: Any, resources: Any
+              ) -> dict[int, tuple[ShardSummary, Any]]:
+        fill = FillTask(self.builder, task)
+        rdd = with_resources(self.rdd.mapPartitionsWithIndex(fill), resources)
+        return {summary.partition: (summary, result)
+                for summary, result in self.rdd.context.runJob(rdd, _rows, partitions)}
 
     def release(self) -> None:
         """Unpersist the index RDD and delete the shard files this machine can reach."""

@@ -39,7 +39,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import InvalidArgumentError, TrainingDataError
+from ..errors import InvalidArgumentError
 from ..executor.arrow_tasks import (BUILD_SCHEMA, MAP_SCHEMA, REDUCE_SCHEMA, RESULT_SCHEMA,
                                     ArrowBuildTask, ArrowCleanup, ArrowEvaluate, ArrowFill,
                                     ArrowGradientMap, ArrowReduce, PayloadValue, join_chunks,
@@ -47,7 +47,7 @@ from ..executor.arrow_tasks import (BUILD_SCHEMA, MAP_SCHEMA, REDUCE_SCHEMA, RES
 from ..executor.replicas import ReplicaSpec
 from ..executor.shard_store import ShardSummary
 from ..executor.step import StepSpec
-from ..executor.tasks import EvaluationTask, GradientTask, ShardBuildTask
+from ..executor.tasks import EvaluationTask, GradientTask
 from ..metrics import ValidationMetric
 from ..storage.arrow_files import ArrowFiles
 from ..transport.allreduce import (AllReduceResult, DriverAllReduce, block_bounds,
@@ -56,7 +56,8 @@ from ..transport.codecs import make_codec
 from ..executor.live_runs import live_runs, new_key, release_key
 from ..executor.exchange import Exchange, Payload, check_exchange
 from ..transport.flat_layout import ParamLayout
-from .cached_rdd import check_unchanged, lost_data_reason, memory_kill_reason, shard_place
+from .cached_rdd import lost_data_reason, memory_kill_reason, shard_place
+from .held_data import HeldData, complete_misses
 from .interface import PartitionMetrics, RunnerOptions
 
 __all__ = ["ConnectData", "ConnectDataFrameRunner"]
@@ -77,95 +78,47 @@ def _results(table: Any) -> dict[int, tuple[ShardSummary | None, Any]]:
             for p, c in pieces.items()}
 
 
-class ConnectData:
+class ConnectData(HeldData):
     """A DataFrame's rows held as shards in the Python workers, with the checkpointed index
-    rows that carry locality (see the module docstring).
+    rows that carry locality (DataFrame jobs; everything else is
+    :class:`~sparkdl.runners.held_data.HeldData`'s; see the module docstring).
 
     Args:
         blocks: :class:`~sparkdl.data.dataframe_arrays.DataFrameBlocks` (never modified).
-        float_dtype, name, place, ragged: as for :class:`~sparkdl.runners.cached_rdd.CachedData`.
+        float_dtype, name, place, ragged: as for :class:`~sparkdl.runners.held_data.HeldData`.
     """
+
+    source = "the DataFrame"
+    rebuild_hint = ("Under Spark Connect every rebuild plans the DataFrame again: a source "
+                    "split by the cluster's cores (a local relation, range, small files) splits "
+                    "differently once executors join or leave, so localCheckpoint() the "
+                    "DataFrame or write it to Parquet before fit.")
 
     def __init__(self, blocks: Any, float_dtype: str, name: str, place: str = "disk",
                  ragged: tuple[int, ...] = ()) -> None:
+        super().__init__(float_dtype, name, place, ragged)
         self.blocks = blocks
-        self.float_dtype = float_dtype
-        self.name = name
-        self.place = place
-        self.ragged = tuple(ragged)
-        self.data_key = new_key(name)
         self.index: Any = None
-        self.summaries: list[ShardSummary] = []
-        self.shards_rebuilt = 0
-        self.placement_misses = 0
-
-    @property
-    def builder(self) -> ShardBuildTask:
-        return ShardBuildTask(self.data_key, self.float_dtype, self.place, self.ragged,
-                              live=live_runs())
 
     @property
     def num_partitions(self) -> int:
         return int(self.blocks.num_partitions)
 
-    def build(self) -> list[ShardSummary]:
-        """Convert every partition into a shard where its task runs (one job)."""
+    def _build(self) -> list[ShardSummary]:
         built = self.blocks.selected.mapInArrow(
             ArrowBuildTask(self.blocks.converter, self.builder), BUILD_SCHEMA)
         self.index = built.localCheckpoint()
-        self.summaries = sorted((pickle.loads(r["summary"])
-                                 for r in read_rows(self.index.toArrow())),
-                                key=lambda s: s.partition)
-        log.info("%s data: %d samples in %d partitions held as shards in the Python workers",
-                 self.name, sum(s.count for s in self.summaries), len(self.summaries))
-        return self.summaries
+        return [pickle.loads(r["summary"]) for r in read_rows(self.index.toArrow())]
 
-    def _check(self, old: ShardSummary, new: ShardSummary) -> None:
-        try:
-            check_unchanged(self.name, old, new)
-        except TrainingDataError as exc:
-            raise TrainingDataError(
-                f"{exc} Under Spark Connect every rebuild plans the DataFrame again: a source "
-                "split by the cluster's cores (a local relation, range, small files) splits "
-                "differently once executors join or leave, so localCheckpoint() the DataFrame "
-                "or write it to Parquet before fit.") from exc
-
-    def rebuild(self, reason: str) -> None:
-        """Build all shards and the index again, checking they hold the same samples."""
-        log.warning("%s shards must be rebuilt: %s; rebuilding all %d of them", self.name,
-                    reason, self.num_partitions)
-        before = self.summaries
-        self.build()
-        self.shards_rebuilt += len(self.summaries)
-        if len(before) != len(self.summaries):
-            raise TrainingDataError(
-                f"The {self.name} data had {len(before)} partitions and has "
-                f"{len(self.summaries)} after the rebuild: localCheckpoint() the DataFrame or "
-                "write it to Parquet before fit.")
-        for old, new in zip(before, self.summaries):
-            self._check(old, new)
-
-    def fill(self, partitions: list[int], task: Any) -> dict[int, Any]:
-        """``task.compute`` on ``partitions`` after building their shards where the fill tasks
-        run (one job over those partitions' input rows only); results by partition."""
+    def _fill(self, partitions: list[int], task: Any, resources: Any
+              ) -> dict[int, tuple[ShardSummary, Any]]:
         from pyspark.sql import functions as F
 
-        self.placement_misses += len(partitions)
-        wanted = sorted(partitions)
-        source = self.blocks.selected.where(F.spark_partition_id().isin(wanted))
-        fill = ArrowFill(self.blocks.converter, self.builder, task, frozenset(wanted))
+        source = self.blocks.selected.where(F.spark_partition_id().isin(partitions))
+        fill = ArrowFill(self.blocks.converter, self.builder, task, frozenset(partitions))
         rows = _results(source.mapInArrow(fill, RESULT_SCHEMA).toArrow())
-        self.shards_rebuilt += len(rows)
-        for p, (summary, _) in rows.items():
-            assert summary is not None
-            self._check(self.summaries[p], summary)
-            if summary.error is not None:
-                raise TrainingDataError(f"Partition {p} of the {self.name} data failed when "
-                                        f"its shard was rebuilt: {summary.error}")
-        log.info("%s partitions %s ran where their shard was not; built those %d shards where "
-                 "their tasks ran (%d shards rebuilt so far)", self.name, wanted, len(rows),
-                 self.shards_rebuilt)
-        return {p: result for p, (_, result) in rows.items()}
+        assert all(summary is not None for summary, _ in rows.values())
+        return rows       # type: ignore[return-value]
 
 
 class ConnectDataFrameRunner:
@@ -318,24 +271,27 @@ class ConnectDataFrameRunner:
                 result = self._driver_job(data, task)
             else:
                 result = self._shuffle_job(data, task)
-            filled: dict[int, Any] = {}
-            if result.missing_partitions and not self._driver_sum:
-                # The reducers summed without those partitions. Fill them, then finish this
-                # step on the client: the same encoded vectors summed in the same partition
-                # order, so bitwise the sum the shuffle gives (and nothing large in a closure).
-                filled.update(data.fill(result.missing_partitions, task))
-                result = self._driver_job(data, task)
-            missing = result.missing_partitions
-            if missing:
-                new = [p for p in missing if p not in filled]
-                if new:
-                    filled.update(data.fill(new, task))
-                result = self._client_sum.complete(result, {p: filled[p] for p in missing})
+            result = complete_misses(result, lambda missing: data.fill(missing, task),
+                                     lambda r, filled: self._complete(data, task, r, filled),
+                                     data.num_partitions)
         finally:
             for payload in shipped:
                 self._exchange.discard(payload)
         result.broadcast_s = broadcast_s
         return result
+
+    def _complete(self, data: ConnectData, task: GradientTask, result: AllReduceResult,
+                  filled: dict[int, Any]) -> AllReduceResult:
+        """An iteration with filled partitions, finished on the client: the partitions'
+        encoded vectors (the filled ones in place of the missing) summed in partition order,
+        bitwise what the undisturbed job gives, and nothing large in a job's function. The
+        shuffle path's reducers summed without the missing partitions, so its vectors are
+        computed again as whole vectors first."""
+        assert self._client_sum is not None
+        if result.pending is None:
+            result = self._driver_job(data, task)
+        missing = {p: filled[p] for p in result.missing_partitions if p in filled}
+        return self._client_sum.complete(result, missing) if missing else result
 
     def evaluate(self, data: ConnectData, weights: np.ndarray,
                  metrics: Sequence[ValidationMetric], batch_size: int

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -29,13 +28,14 @@ import numpy as np
 from ..executor.live_runs import live_runs, new_key, release_key
 from .cached_rdd import (CachedData, clean_workers, lost_data_reason, memory_kill_reason,
                          shard_place)
+from .held_data import complete_misses
 from .interface import PartitionMetrics, RunnerOptions
 from ..executor.replicas import ReplicaSpec
 from ..executor.step import StepSpec
-from ..executor.tasks import EvaluationTask, FillTask, GradientTask
+from ..executor.tasks import EvaluationTask, GradientTask
 from ..metrics import ValidationMetric
 from ..errors import InvalidArgumentError
-from ..transport.allreduce import (AllReduceResult, DriverAllReduce, make_allreduce,
+from ..transport.allreduce import (AllReduceResult, make_allreduce,
                                   with_resources)
 from ..transport.flat_layout import ParamLayout
 
@@ -125,45 +125,19 @@ class SparkRddRunner:
         t0 = time.perf_counter()
         weights_bc = self.spark_context.broadcast(weights)
         broadcast_s = time.perf_counter() - t0
-        filled_bc = None
         try:
             task = GradientTask(self.run_key, data.data_key, step, self._spec_bc, weights_bc,
                                 live=live_runs())
             result = self._allreduce.run(data.index_rdd, task, self._resources)
-            filled: dict[int, Any] = {}
-            # Each round fills at least one partition for good, so this ends within N rounds.
-            for _ in range(data.num_partitions):
-                missing = [p for p in result.missing_partitions if p not in filled]
-                if not missing:
-                    break
-                fill = FillTask(data.builder, task)
-                attempts = {r.partition: r.attempt for r in result.reports}
-                for p, (vector, report) in zip(missing,
-                                               data.fill(missing, fill, self._resources)):
-                    report.attempt = max(report.attempt, attempts.get(p, 0))  # for the log
-                    filled[p] = (vector, report)
-                result = self._with_filled(result, filled)
-                if result is None:  # the shuffle path sums on the executors: run it again
-                    if filled_bc is not None:
-                        filled_bc.destroy(blocking=False)
-                    filled_bc = self.spark_context.broadcast(filled)
-                    result = self._allreduce.run(data.index_rdd,
-                                                 replace(task, filled=filled_bc),
-                                                 self._resources)
+            result = complete_misses(
+                result, lambda missing: data.fill(missing, task, self._resources),
+                self._allreduce.complete,
+                data.num_partitions)
         finally:
             weights_bc.destroy(blocking=False)
-            if filled_bc is not None:
-                filled_bc.destroy(blocking=False)
         result.broadcast_s = broadcast_s
         return result
 
-    def _with_filled(self, result: AllReduceResult, filled: dict[int, Any]
-                     ) -> AllReduceResult | None:
-        """``result`` completed with the filled partitions' vectors when the driver holds every
-        task's vector (the driver path), or None (the shuffle path must run again)."""
-        if not isinstance(self._allreduce, DriverAllReduce):
-            return None
-        return self._allreduce.complete(result, filled)
 
     def evaluate(self, data: CachedData, weights: np.ndarray,
                  metrics: Sequence[ValidationMetric], batch_size: int
@@ -174,16 +148,15 @@ class SparkRddRunner:
             task = EvaluationTask(self.run_key, data.data_key, self._spec_bc, weights_bc,
                                   list(metrics), batch_size, self._options.device,
                                   self._options.precision, live=live_runs())
-            rows = with_resources(data.index_rdd.mapPartitionsWithIndex(task),
-                                  self._resources).collect()
-            missing = [p for p, sums, _ in rows
+            rows = {row[0]: row for row in with_resources(
+                data.index_rdd.mapPartitionsWithIndex(task), self._resources).collect()}
+            missing = [p for p, (_, sums, _) in rows.items()
                        if sums is None and data.summaries[p].count > 0]
             if missing:
-                rows = [r for r in rows if r[0] not in missing] + data.fill(
-                    missing, FillTask(data.builder, task), self._resources)
+                rows.update(data.fill(missing, task, self._resources))
         finally:
             weights_bc.destroy(blocking=False)
-        return [PartitionMetrics(p, sums, n) for p, sums, n in sorted(rows, key=lambda r: r[0])]
+        return [PartitionMetrics(p, sums, n) for p, sums, n in (rows[q] for q in sorted(rows))]
 
     def lost_data_reason(self, exc: BaseException) -> str | None:
         return lost_data_reason(exc)

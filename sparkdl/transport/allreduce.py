@@ -142,6 +142,7 @@ class ShuffleAllReduce:
         self.bounds = block_bounds(size, num_blocks)
         self.num_blocks = len(self.bounds) - 1
         self.codec = codec if codec is not None else ExactCodec(self.dtype)
+        self._shuffled: RDD | None = None      # the last run's shuffle, for complete()
 
     def run(self, index_rdd: RDD, local_fn: LocalFn, resources: Any = None) -> AllReduceResult:
         """One job: ``local_fn`` on every partition of ``index_rdd`` (in a stage that asks for
@@ -157,21 +158,53 @@ class ShuffleAllReduce:
                 for frame in message_frames((partition, report if k == 0 else None), block):
                     yield from keyed_frame(k, frame)
 
+        submitted_at = time.time()
+        mapped = raw_output(index_rdd.mapPartitionsWithIndex(map_side))   # before its _jrdd
+        self._shuffled = shuffle_frames(with_resources(mapped, resources), num_blocks)
+        return self._reduce(None, submitted_at)
+
+    def complete(self, result: AllReduceResult, filled: dict[int, tuple[Any, Any]]
+                 ) -> AllReduceResult:
+        """``result`` with the ``(vector, report)`` of the ``filled`` partitions (computed by
+        another job) in place of their missing ones: only the reduce stage of the last
+        :meth:`run` runs again, over the map outputs Spark still holds (the map stage is
+        skipped; partitions whose map output was lost are computed again), each reducer
+        summing its block of every partition, filled ones included, in partition order:
+        bitwise the sum an undisturbed job gives."""
+        assert self._shuffled is not None, "complete() follows run()"
+        sc = self._shuffled.ctx
+        filled_bc = sc.broadcast(dict(filled))
+        try:
+            return self._reduce(filled_bc, result.submitted_at)
+        finally:
+            filled_bc.destroy(blocking=False)
+
+    def _reduce(self, filled_bc: Any, submitted_at: float) -> AllReduceResult:
+        """The reduce stage over the last run's shuffle (the filled partitions' vectors from
+        ``filled_bc`` in place of what their map tasks sent), collected."""
+        bounds, codec = self.bounds, self.codec
+
         def reduce_side(k: int, frames: Iterator[bytes]) -> Iterator[Any]:
             started_at, t0 = time.time(), time.perf_counter()
+            filled = filled_bc.value if filled_bc is not None else {}
+            lo, hi = int(bounds[k]), int(bounds[k + 1])
             parts, reports = [], []
             for (partition, report), payload in read_messages(frames):
+                if partition in filled:
+                    continue
                 parts.append((partition, payload))
                 if report is not None:
                     reports.append(report)
-            total = sum_in_order(parts, codec, int(bounds[k]), int(bounds[k + 1] - bounds[k]))
+            for partition, (vector, report) in filled.items():
+                parts.append((partition, None if vector is None else
+                              codec.encode(vector[lo:hi], lo)))
+                if k == 0:
+                    reports.append(report)
+            total = sum_in_order(parts, codec, lo, hi - lo)
             yield from message_frames(
                 (k, reports, time.perf_counter() - t0, started_at, time.time()), total)
 
-        submitted_at = time.time()
-        mapped = raw_output(index_rdd.mapPartitionsWithIndex(map_side))   # before its _jrdd
-        shuffled = shuffle_frames(with_resources(mapped, resources), num_blocks)
-        frames = raw_output(shuffled.mapPartitionsWithIndex(reduce_side)).collect()
+        frames = raw_output(self._shuffled.mapPartitionsWithIndex(reduce_side)).collect()
         result = AllReduceResult(np.empty(self.size, dtype=self.dtype), submitted_at=submitted_at,
                                  returned_at=time.time())
         for (k, block_reports, seconds, started, finished), payload in read_messages(frames):
