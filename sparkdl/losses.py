@@ -40,7 +40,11 @@ import torch
 from torch import nn
 
 __all__ = ["has_normaliser", "divided_on_driver", "loss_terms", "NORMALISER_METHOD",
-           "CLASS_INDEX_LOSSES"]
+           "CLASS_INDEX_LOSSES", "IGNORE_INDEX"]
+
+IGNORE_INDEX = -100
+"""torch's default ``ignore_index`` (``CrossEntropyLoss``, ``NLLLoss``), which Hugging Face's
+losses use too: the label of padded or masked-out positions."""
 
 NORMALISER_METHOD = "sum_and_normaliser"
 """The method a custom criterion defines to declare its normaliser."""

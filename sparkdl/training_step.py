@@ -14,7 +14,9 @@ the train/eval modes the user left), ``inputs`` the list of model arguments of t
   :mod:`sparkdl.losses`).
 
 The engine still owns backward, micro-batching, mixed precision, clipping, the AllReduce and the
-optimizer, so exactness, determinism, recovery, validation and checkpoints are unchanged.
+optimizer, so exactness, determinism, recovery, validation and checkpoints are unchanged. Draw
+any randomness from torch (seeded per task and iteration by the engine), not from numpy or
+``random``, to keep runs bitwise reproducible.
 Exactness holds for losses that are sums or means over samples; a loss that couples the rows of
 a batch (in-batch negatives, batch statistics) is computed per task (per micro-batch), like
 BatchNorm's batch statistics.
@@ -41,6 +43,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -96,7 +99,6 @@ def step_loss_terms(step: TrainingStep, model: torch.nn.Module, inputs: Sequence
             raise TrainingStepError(
                 "The training step must return the mean loss, or a pair (loss_sum, "
                 f"normaliser); it returned a {type(result).__name__} of {len(result)} values.")
-        loss_sum = _scalar(result[0], "the loss sum", need_grad=True)
         normaliser = result[1]
         if isinstance(normaliser, torch.Tensor):
             if normaliser.numel() != 1:
@@ -111,12 +113,13 @@ def step_loss_terms(step: TrainingStep, model: torch.nn.Module, inputs: Sequence
             raise TrainingStepError(
                 "The training step's normaliser must be a number or a scalar tensor; it "
                 f"returned {describe_value(normaliser)}.")
-        if not normaliser >= 0:
+        if not (normaliser >= 0 and math.isfinite(normaliser)):
             raise TrainingStepError(
-                f"The training step's normaliser must be >= 0; it returned {normaliser}.")
-        if normaliser == 0:
+                f"The training step's normaliser must be finite and >= 0; it returned "
+                f"{normaliser}.")
+        if normaliser == 0:          # no term counts: the rows contribute nothing
             return None, 0.0, 0.0
-        return loss_sum, 1.0, normaliser
+        return _scalar(result[0], "the loss sum", need_grad=True), 1.0, normaliser
     loss = _scalar(result, "the loss", need_grad=True)
     rows = float(len(target))
     return loss, rows, rows

@@ -18,19 +18,20 @@ from sparkdl.triggers import EveryEpoch, MaxEpoch
 SIZES = [40, 35]
 
 
-def engine(sc, epochs, data_seed=1, lr=0.02, init_seed=3):
+def engine(sc, epochs, data_seed=1, lr=0.02, init_seed=3, criterion=None):
     x, y = classification_data(sum(SIZES), seed=data_seed)
     torch.manual_seed(init_seed)
     net = SmallNet()
     optimizer = torch.optim.Adam(net.parameters(), lr=lr)
     return DistriOptimizer(net, make_rdd(sc, list(zip(x, y)), SIZES),
-                           torch.nn.CrossEntropyLoss(), optimizer, batch_size=25,
+                           criterion or torch.nn.CrossEntropyLoss(), optimizer, batch_size=25,
                            end_trigger=MaxEpoch(epochs), seed=2, progress_bar=False)
 
 
 @pytest.mark.parametrize("change,what", [
     (dict(data_seed=9), "data="), (dict(lr=0.05), "optimizer="),
-    (dict(init_seed=4), "initial_weights=")])
+    (dict(init_seed=4), "initial_weights="),
+    (dict(criterion=torch.nn.CrossEntropyLoss(label_smoothing=0.1)), "loss=")])
 def test_another_fit_in_the_same_directory_is_refused_naming_what_differs(sc, tmp_path,
                                                                           change, what):
     engine(sc, 1).set_checkpoint(str(tmp_path), EveryEpoch()).optimize()

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from models import bitwise_equal, classification_data, make_rdd, max_abs_diff
-from sparkdl import (BatchPlan, DistriOptimizer, InvalidArgumentError, Loss, NNClassifier,
-                     NNEstimator, Top1Accuracy, TrainingStepError)
+from sparkdl import (BatchPlan, DistriOptimizer, InvalidArgumentError, Loss,
+                     ModelCriterionMismatchError, NNClassifier, Top1Accuracy, TrainingStepError)
 from sparkdl.adapters import huggingface_step, lightning_arguments
 from sparkdl.triggers import MaxIteration, SeveralIteration
 from test_loss_normalisers_and_modes import Tagger, rows_weighted_reference, tagged_tokens
@@ -345,3 +345,85 @@ def test_estimator_trains_a_huggingface_model_from_token_id_columns(spark):
     assert np.isfinite(summary["validation_Loss"]).all()
     out = model.transform(df).select("prediction", "probability").toPandas()
     assert len(out) == 60 and out["probability"].map(len).eq(3).all()
+
+
+# ------------------------------------------------------------------------------ the contract
+def _linear_output():
+    net = torch.nn.Linear(3, 1)
+    return net, net(torch.ones(4, 3)).reshape(-1)
+
+
+def test_step_contract_edges_without_spark():
+    from sparkdl.training_step import step_loss_terms
+
+    net, out = _linear_output()
+    target = torch.zeros(4)
+    # no term counts: a gradless zero sum with normaliser 0 contributes nothing
+    assert step_loss_terms(lambda m, i, t: (torch.tensor(0.0), 0), net, [], target) == \
+        (None, 0.0, 0.0)
+    with pytest.raises(TrainingStepError, match="finite and >= 0"):
+        step_loss_terms(lambda m, i, t: (out.sum(), float("inf")), net, [], target)
+    with pytest.raises(TrainingStepError, match="finite and >= 0"):
+        step_loss_terms(lambda m, i, t: (out.sum(), -1), net, [], target)
+    loss, multiplier, normaliser = step_loss_terms(lambda m, i, t: out.mean(), net, [], target)
+    assert (multiplier, normaliser) == (4.0, 4.0) and loss.requires_grad
+
+
+def test_huggingface_step_counts_labels_as_the_model_does():
+    class TinyForCausalLM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(()))
+
+        def forward(self, input_ids, labels=None):
+            return {"loss": self.w * 2.0, "logits": input_ids.float()}
+
+    labels = torch.tensor([[5, 6, -100, -100], [7, 8, 9, 10]])
+    total, counted = huggingface_step(("input_ids",))(TinyForCausalLM(), [labels], labels)
+    assert int(counted) == 1 + 3                       # first position of each row not counted
+    assert float(total) == pytest.approx(2.0 * 4)
+    _, unshifted = huggingface_step(("input_ids",), shift_labels=False)(
+        TinyForCausalLM(), [labels], labels)
+    assert int(unshifted) == 6
+    with pytest.raises(TrainingStepError, match="names 2 input"):
+        huggingface_step(("input_ids", "attention_mask"))(TinyForCausalLM(), [labels], labels)
+
+
+def test_validation_reads_the_validation_step_and_needs_no_model_call_for_the_step_loss():
+    """In process: a model whose forward needs labels validates with Loss() alone (the step's
+    loss, eval mode), and a validation_step feeds Top1Accuracy; both equal single process."""
+    from sparkdl.runners import LocalPartitions
+
+    class NeedsLabels(LossInForward):
+        def forward(self, x, labels):
+            return super().forward(x, labels)
+
+    x, y = classification_data(60, d=6, seed=9)
+    records = list(zip(x, y))
+    torch.manual_seed(4)
+    net = NeedsLabels()
+    opt = DistriOptimizer(net, LocalPartitions([records[:35], records[35:]]),
+                          optimizer=torch.optim.SGD(net.parameters(), lr=0.2), batch_size=20,
+                          end_trigger=MaxIteration(3), training_step=loss_in_forward_step,
+                          validation_step=lambda m, i, t: m(*i, labels=t)["logits"],
+                          progress_bar=False)
+    opt.set_validation(LocalPartitions([records[:25], records[25:]]), SeveralIteration(3),
+                       [Loss(), Top1Accuracy()])
+    opt.optimize()
+    net.eval()
+    with torch.no_grad():
+        out = net(torch.from_numpy(x), torch.from_numpy(y))
+    metrics = opt.summary.validations[-1].metrics
+    assert metrics["Loss"] == pytest.approx(float(out["loss"]), rel=1e-5)
+    assert metrics["Top1Accuracy"] == pytest.approx(
+        float((out["logits"].argmax(1).numpy() == y).mean()))
+
+
+def test_estimator_refuses_a_model_transform_cannot_read_before_training(spark):
+    x, y = classification_data(40, d=6, seed=8)
+    df = spark.createDataFrame([(row.tolist(), int(label)) for row, label in zip(x, y)],
+                               ["features", "label"])
+    clf = NNClassifier(model=WithHidden, trainingStep=two_part_step, batchSize=10, maxEpoch=1,
+                       progressBar=False)
+    with pytest.raises(ModelCriterionMismatchError, match="transform reads the predictions"):
+        clf.fit(df)

@@ -30,25 +30,26 @@ from typing import Any, Sequence
 import torch
 
 from ..errors import TrainingStepError
+from ..losses import IGNORE_INDEX
 
 __all__ = ["HuggingFaceStep", "huggingface_step"]
 
-IGNORE_INDEX = -100
-"""The label Hugging Face's losses ignore (padding, masked-out positions)."""
+_SHIFTING_HEADS = ("ForCausalLM", "LMHeadModel")
+"""Model class name endings whose loss shifts the labels by one (causal language models)."""
 
 
 class HuggingFaceStep:
     """A training step calling ``model(**inputs_by_name, labels=target)`` and returning its loss
     (see the module docstring). Picklable: it ships to the executors with the run."""
 
-    def __init__(self, input_names: Sequence[str], shift_labels: bool = False,
+    def __init__(self, input_names: Sequence[str], shift_labels: bool | None = None,
                  ignore_index: int = IGNORE_INDEX) -> None:
         names = [input_names] if isinstance(input_names, str) else list(input_names)
         if not names or not all(isinstance(n, str) and n for n in names):
             raise TrainingStepError(f"input_names must name the model's inputs, e.g. "
                                     f"('input_ids', 'attention_mask'); got {input_names!r}.")
         self.input_names = tuple(names)
-        self.shift_labels = bool(shift_labels)
+        self.shift_labels = None if shift_labels is None else bool(shift_labels)
         self.ignore_index = int(ignore_index)
 
     def __call__(self, model: torch.nn.Module, inputs: Sequence[torch.Tensor],
@@ -62,7 +63,10 @@ class HuggingFaceStep:
         loss = _loss(output)
         if target.is_floating_point():
             return loss
-        counted = target[..., 1:] if self.shift_labels else target
+        shift = self.shift_labels
+        if shift is None:
+            shift = type(model).__name__.endswith(_SHIFTING_HEADS)
+        counted = target[..., 1:] if shift else target
         normaliser = (counted != self.ignore_index).sum()
         return loss * normaliser, normaliser
 
@@ -82,15 +86,17 @@ def _loss(output: Any) -> Any:
     return output
 
 
-def huggingface_step(input_names: Sequence[str] = ("input_ids",), shift_labels: bool = False,
+def huggingface_step(input_names: Sequence[str] = ("input_ids",),
+                     shift_labels: bool | None = None,
                      ignore_index: int = IGNORE_INDEX) -> HuggingFaceStep:
     """A training step for a Hugging Face model that computes its own loss from ``labels=``.
 
     Args:
         input_names: the model's keyword argument for each input, in the order of the rows'
             inputs (the estimators' ``inputCols``), e.g. ``("input_ids", "attention_mask")``.
-        shift_labels: the model shifts the labels by one before its loss (causal language
-            models: ``...ForCausalLM``), so the first position of each row never counts.
+        shift_labels: the model shifts the labels by one before its loss, so the first
+            position of each row never counts; None (default): when the model's class name
+            ends with ``ForCausalLM`` or ``LMHeadModel`` (causal language models).
         ignore_index: the label the model's loss ignores (Hugging Face's default, -100).
 
     Example::

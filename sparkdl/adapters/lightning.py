@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import Any, Sequence
 
@@ -34,6 +35,8 @@ from ..errors import InvalidArgumentError, TrainingStepError
 __all__ = ["LightningStep", "lightning_step", "lightning_arguments"]
 
 _INTERVALS = {"epoch": "epoch", "step": "iteration"}
+
+log = logging.getLogger("sparkdl")
 
 
 def _check_module(module: Any) -> None:
@@ -82,6 +85,10 @@ def _scheduler(config: Any) -> tuple[Any, str]:
     """A scheduler and its interval from Lightning's scheduler configuration."""
     if not isinstance(config, dict):
         return config, "epoch"
+    if config.get("monitor") is not None:
+        log.warning("configure_optimizers asks the scheduler to monitor %r; sparkdl serves a "
+                    "metric-driven scheduler the validation Loss when validation runs, else the "
+                    "epoch's mean training loss", config["monitor"])
     if config.get("frequency", 1) != 1:
         raise InvalidArgumentError(
             f"configure_optimizers returned a scheduler with frequency={config['frequency']}; "
@@ -125,7 +132,14 @@ def lightning_arguments(module: Any) -> dict[str, Any]:
         DistriOptimizer(module, rdd, batch_size=64, **lightning_arguments(module))
     """
     _check_module(module)
-    optimizer, schedulers = _unpack(module.configure_optimizers())
+    try:
+        config = module.configure_optimizers()
+    except RuntimeError as exc:      # e.g. it reads self.trainer, which is not attached
+        raise InvalidArgumentError(
+            f"configure_optimizers of {type(module).__name__} failed without a Trainer "
+            f"({exc}); sparkdl attaches none: build the optimizer there from the module's "
+            "own attributes, or pass optimizer= and lr_scheduler= yourself.") from exc
+    optimizer, schedulers = _unpack(config)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise InvalidArgumentError("configure_optimizers returned no torch optimizer "
                                    f"(got {type(optimizer).__name__}).")

@@ -25,7 +25,7 @@ from ..losses import CLASS_INDEX_LOSSES
 from ..errors import (InvalidArgumentError, ModelCriterionMismatchError, TrainingDataError,
                       TrainingStepError)
 from ..executor.replicas import set_training_modes, training_modes
-from ..metrics import Loss, uses_step_loss
+from ..metrics import Loss, prediction_tensor, uses_step_loss
 from ..training_step import step_loss_sums, step_loss_terms
 from ..executor.shard_store import ShardSummary
 from ..executor.step import as_model_input
@@ -134,7 +134,8 @@ def _check_tensor_output(output: torch.Tensor, target: torch.Tensor, criterion: 
 
 def dry_run(model: nn.Module, criterion: Any, spec: DataSpec, what: str,
             metrics: Sequence[Any] = (), dtype: torch.dtype | None = None,
-            arguments: Any = None, steps: tuple[Any, Any] = (None, None)) -> None:
+            arguments: Any = None, steps: tuple[Any, Any] = (None, None),
+            prediction: bool = False) -> None:
     """Run a copy of the model, the criterion and the validation ``metrics`` on a few real
     samples (floating inputs in ``dtype``, the model's parameter dtype); explain any mismatch.
 
@@ -142,9 +143,12 @@ def dry_run(model: nn.Module, criterion: Any, spec: DataSpec, what: str,
     checks apply when it returns a tensor. ``steps`` are the run's training and validation
     steps (:mod:`sparkdl.training_step`): the training step is tried with grad, in the modes
     the tasks train in, and must return a scalar loss with grad or ``(loss_sum, normaliser)``;
-    the metrics read the validation step's output."""
+    the metrics read the validation step's output. ``prediction``: with a training step,
+    ``model(*inputs)`` must still give predictions (a tensor, or a dict-like output with
+    ``"logits"``), as the estimators' ``transform`` reads them."""
     with private_torch_rng():            # a dropout layer must not draw from the caller's RNG
-        _dry_run(copy.deepcopy(model), criterion, spec, what, metrics, dtype, arguments, steps)
+        _dry_run(copy.deepcopy(model), criterion, spec, what, metrics, dtype, arguments, steps,
+                 prediction)
 
 
 def _try_training_step(probe: nn.Module, step: Any, inputs: list[torch.Tensor],
@@ -168,7 +172,7 @@ def _try_training_step(probe: nn.Module, step: Any, inputs: list[torch.Tensor],
 
 def _dry_run(probe: nn.Module, criterion: Any, spec: DataSpec, what: str,
              metrics: Sequence[Any], dtype: torch.dtype | None, arguments: Any,
-             steps: tuple[Any, Any] = (None, None)) -> None:
+             steps: tuple[Any, Any] = (None, None), prediction: bool = False) -> None:
 
     args = (arguments(list(spec.sample_features)) if arguments is not None
             else model_arguments(spec.sample_features))
@@ -179,6 +183,8 @@ def _dry_run(probe: nn.Module, criterion: Any, spec: DataSpec, what: str,
     if training_step is not None:
         if what == "training":
             _try_training_step(probe, training_step, inputs, target, shapes)
+        if prediction:
+            _check_prediction(probe, inputs, shapes)
         _dry_run_metrics(probe, criterion, training_step, validation_step, inputs, target,
                          metrics, shapes, what)
         return
@@ -207,28 +213,55 @@ def _dry_run(probe: nn.Module, criterion: Any, spec: DataSpec, what: str,
                      what, output)
 
 
-def _dry_run_metrics(probe: nn.Module, criterion: Any, training_step: Any, validation_step: Any,
-                     inputs: list[torch.Tensor], target: torch.Tensor, metrics: Sequence[Any],
-                     shapes: str, what: str, output: Any = None) -> None:
-    """The validation metrics on the samples, reading what validation computes: the validation
-    step's output, else the model's (``output`` when already computed)."""
-    if not metrics:
-        return
+def _check_prediction(probe: nn.Module, inputs: list[torch.Tensor], shapes: str) -> None:
+    """``model(*inputs)`` (eval mode, no grad) gives a prediction tensor (:func:`prediction_tensor`)."""
+    probe.eval()
+    try:
+        with torch.no_grad():
+            output = prediction_tensor(probe(*inputs))
+    except Exception as exc:
+        raise ModelCriterionMismatchError(
+            f"transform calls model(*inputs), which fails on features of shape(s) {shapes}: "
+            f"{type(exc).__name__}: {exc}. Give the inputs in the order of the model's "
+            "forward.") from exc
+    if not isinstance(output, torch.Tensor):
+        raise ModelCriterionMismatchError(
+            f"transform reads the predictions of model(*inputs), which returns "
+            f"{_describe(output)}: return a tensor (or a dict-like output with 'logits') when "
+            "the model is called without labels.")
+
+
+def _validation_output(probe: nn.Module, validation_step: Any, inputs: list[torch.Tensor],
+                       target: torch.Tensor, shapes: str, what: str) -> Any:
+    """What validation's metrics read: the validation step's output, else the model's."""
     with torch.no_grad():
         if validation_step is not None:
             try:
-                output = validation_step(probe, inputs, target)
+                return validation_step(probe, inputs, target)
             except Exception as exc:
                 raise ModelCriterionMismatchError(
                     f"The validation step cannot run on the {what} rows (features of shape(s) "
                     f"{shapes}): {type(exc).__name__}: {exc}") from exc
-        elif output is None:
-            try:
-                output = probe(*inputs)
-            except Exception as exc:
-                raise ModelCriterionMismatchError(
-                    f"The model cannot run on the {what} features: a batch of features of "
-                    f"shape(s) {shapes} raised {type(exc).__name__}: {exc}") from exc
+        try:
+            return probe(*inputs)
+        except Exception as exc:
+            raise ModelCriterionMismatchError(
+                f"The model cannot run on the {what} features: a batch of features of "
+                f"shape(s) {shapes} raised {type(exc).__name__}: {exc}") from exc
+
+
+def _dry_run_metrics(probe: nn.Module, criterion: Any, training_step: Any, validation_step: Any,
+                     inputs: list[torch.Tensor], target: torch.Tensor, metrics: Sequence[Any],
+                     shapes: str, what: str, output: Any = None) -> None:
+    """The validation metrics on the samples, in eval mode, reading what validation computes:
+    the validation step's output, else the model's (``output`` when already computed); not
+    computed when every metric is the training step's loss."""
+    if not metrics:
+        return
+    probe.eval()
+    needs_output = not all(uses_step_loss(m, criterion, training_step) for m in metrics)
+    if needs_output and (validation_step is not None or output is None):
+        output = _validation_output(probe, validation_step, inputs, target, shapes, what)
     for metric in metrics:
         if isinstance(metric, Loss) and metric.criterion is None and criterion is None \
                 and training_step is None:

@@ -157,8 +157,9 @@ class DistriOptimizer:
             owns backward, micro-batches, precision, clipping, the AllReduce and the optimizer:
             the result equals single-process training calling the same step on the union batch
             for losses that are sums or means over samples (a loss coupling the rows of a batch
-            is computed per task, like BatchNorm's statistics). Tried on a few rows before any
-            Spark job.
+            is computed per task, like BatchNorm's statistics). Tried on a few rows (from the
+            job that caches the shards) before any gradient job. Draw randomness from torch
+            (seeded per task), not numpy or ``random``, to stay bitwise reproducible.
         validation_step: optional ``(model, inputs, target) -> output`` replacing
             ``model(*inputs)`` in validation; the metrics read its output.
         exchange_dir: for the DataFrame runner that the estimators use under Spark Connect
@@ -283,6 +284,9 @@ class DistriOptimizer:
         self.summary = TrainingSummary()
         self.iteration = 0
         self.data_spec: DataSpec | None = None
+        self._needs_prediction = False
+        """Whether ``model(*inputs)`` must give a prediction tensor even with a training step
+        (the estimators' ``transform``): checked by the dry run, before training."""
 
     def _model_arguments(self, features: list[Any]) -> list[Any]:
         if self.settings.sample_weights:        # the last input is the samples' weight
@@ -509,7 +513,8 @@ class DistriOptimizer:
             trigger.reset()
         runner = runner_for(self.training_rdd, self.exchange_dir)
         runner.check_device(self.settings.runner_options.device)
-        identity = fit_identity(self.model, self.optimizer, self.lr_scheduler)
+        identity = fit_identity(self.model, self.optimizer, self.lr_scheduler, self.criterion,
+                                self.training_step)
         setup = self._checkpoint_setup
         checkpoints = (Checkpoints(setup, self._checkpoint_store(setup.path))
                        if setup is not None and not setup.by_fit else None)
@@ -525,7 +530,7 @@ class DistriOptimizer:
             arguments = self._model_arguments
             steps = (self.training_step, self.validation_step)
             dry_run(self.model, self.criterion, self.data_spec, "training", dtype=param_dtype,
-                    arguments=arguments, steps=steps)
+                    arguments=arguments, steps=steps, prediction=self._needs_prediction)
             if self._validation is not None:
                 self._validation.held = runner.load(self._validation.data, "validation", dtype,
                                                     self.sequence_inputs)

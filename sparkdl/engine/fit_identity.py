@@ -26,7 +26,7 @@ from torch import nn
 
 __all__ = ["fit_identity", "data_digest", "identity_directory", "FIT_KEYS"]
 
-FIT_KEYS = ("data", "optimizer", "lr_scheduler", "initial_weights")
+FIT_KEYS = ("data", "optimizer", "lr_scheduler", "initial_weights", "loss")
 """The keys a checkpoint written before they existed lacks (it is resumed with a warning)."""
 
 
@@ -66,12 +66,31 @@ def _weights_digest(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
-def fit_identity(model: nn.Module, optimizer: Any, scheduler: Any) -> dict[str, Any]:
-    """The optimizer's and scheduler's hyperparameters and the initial weights' hash, taken
+def _loss_settings(criterion: Any, training_step: Any) -> dict[str, Any]:
+    """What computes the loss: the criterion's class and settings, the training step's name."""
+    settings: dict[str, Any] = {}
+    if criterion is not None:
+        settings["criterion"] = type(criterion).__qualname__
+        for name in ("reduction", "ignore_index", "label_smoothing", "weight", "pos_weight"):
+            value = getattr(criterion, name, None)
+            if value is not None:
+                settings[name] = _plain(value.tolist() if isinstance(value, torch.Tensor)
+                                        else value)
+    if training_step is not None:
+        settings["training_step"] = getattr(training_step, "__qualname__",
+                                            repr(training_step))
+    return settings
+
+
+def fit_identity(model: nn.Module, optimizer: Any, scheduler: Any, criterion: Any = None,
+                 training_step: Any = None) -> dict[str, Any]:
+    """The optimizer's and scheduler's hyperparameters, the initial weights' hash and what
+    computes the loss (the criterion's class and settings, the training step's name), taken
     before any checkpoint is restored and before any step."""
     return {"optimizer": _optimizer_settings(optimizer),
             "lr_scheduler": _scheduler_settings(scheduler),
-            "initial_weights": _weights_digest(model)}
+            "initial_weights": _weights_digest(model),
+            "loss": _loss_settings(criterion, training_step)}
 
 
 def data_digest(summaries: Sequence[Any]) -> str:

@@ -56,7 +56,8 @@ def _total_iterations(trigger: Trigger, iterations_per_epoch: int) -> int | None
     return None
 
 
-def _normalize(result: AllReduceResult, batch_size: int, what: str, weighted: bool) -> None:
+def _normalize(result: AllReduceResult, batch_size: int, what: str, weighted: bool,
+               step: bool = False) -> None:
     """Losses whose normaliser is not the row count (sample weights, masked or class-weighted
     losses: :mod:`sparkdl.losses`): the tasks summed the loss terms and the gradient of that sum
     divided by the batch size, and reported their normalisers; dividing by the union batch's
@@ -66,6 +67,9 @@ def _normalize(result: AllReduceResult, batch_size: int, what: str, weighted: bo
         raise SparkdlError(
             f"{what}: the sample weights of the batch sum to {total}; weights must be >= 0 "
             "with a positive sum in every batch" if weighted else
+            f"{what}: the training step's normalisers over the batch sum to {total}: no term of "
+            "the batch counts, so its mean loss is undefined. Check the labels' padding, or use "
+            "a larger batch." if step else
             f"{what}: the loss's normaliser over the batch is {total}: every target of the "
             "batch is ignored (ignore_index) or has class weight 0, so its mean loss is "
             "undefined (NaN in torch). Check the labels' padding, or use a larger batch.")
@@ -143,7 +147,7 @@ class TrainingLoop:
             raise SparkdlError(f"iteration {ctx.iteration + 1}: no partition produced a gradient")
         if ctx.settings.sample_weights or ctx.normalised_loss:
             _normalize(result, step.batch_size, f"iteration {ctx.iteration + 1}",
-                       ctx.settings.sample_weights)
+                       ctx.settings.sample_weights, ctx.training_step is not None)
         devices = sorted({r.device for r in result.reports if r.count} - self._devices)
         if devices:
             self._devices.update(devices)

@@ -242,6 +242,8 @@ def compute_metric_sums(shard: Shard | None, replica: Replica, weights: np.ndarr
     replica.layout.load_state(model, weights)
     model.eval()
     sums: list[np.ndarray] = [np.zeros(0)] * len(metrics)
+    needs_output = not all(uses_step_loss(m, replica.criterion, replica.training_step)
+                           for m in metrics)
     with torch.no_grad():
         for lo in range(0, shard.count, batch_size):
             idx = np.arange(lo, min(lo + batch_size, shard.count))
@@ -250,9 +252,11 @@ def compute_metric_sums(shard: Shard | None, replica: Replica, weights: np.ndarr
                 features = features[:-1]
             inputs, target = _to_tensors(features, labels, replica.layout.param_dtype,
                                          replica.device, replica)
-            with autocast(precision, replica.device):
-                output = (replica.validation_step(model, inputs, target)
-                          if replica.validation_step is not None else model(*inputs))
+            output = None
+            if needs_output:
+                with autocast(precision, replica.device):
+                    output = (replica.validation_step(model, inputs, target)
+                              if replica.validation_step is not None else model(*inputs))
             for m, metric in enumerate(metrics):
                 if uses_step_loss(metric, replica.criterion, replica.training_step):
                     with autocast(precision, replica.device):   # the step's own model calls

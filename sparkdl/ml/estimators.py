@@ -35,7 +35,7 @@ from ..data.dataframe_partitions import default_parallelism
 from ..engine.distri_optimizer import DistriOptimizer
 from ..engine.rng_isolation import private_torch_rng
 from ..executor.step import as_model_input
-from ..losses import CLASS_INDEX_LOSSES
+from ..losses import CLASS_INDEX_LOSSES, IGNORE_INDEX
 from ..metrics import prediction_tensor
 from ..errors import InvalidArgumentError, ModelCriterionMismatchError, TrainingDataError
 from ..storage.file_systems import is_connect_session
@@ -175,6 +175,11 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
         weight_col = get("weightCol")
         if weight_col:
             check_weight_column(dataset.schema, weight_col)
+            if self.training_step is not None:
+                raise InvalidArgumentError(
+                    f"{type(self).__name__} cannot combine weightCol with trainingStep: pass "
+                    "the weight column as the last of inputCols instead, and return "
+                    "(weighted loss sum, sum of the weights) from the step.")
         indicator = get("validationIndicatorCol")
         if indicator and indicator not in dataset.columns:
             raise InvalidArgumentError(f"Column '{indicator}' (validationIndicatorCol) does not "
@@ -204,6 +209,9 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
         float_dtype = numpy_float_dtype(model)
         class_index = isinstance(self.criterion, CLASS_INDEX_LOSSES)
         ignore_label = getattr(self.criterion, "ignore_index", None) if class_index else None
+        if self.criterion is None:   # a training step: integer labels stay int64 (class or
+            class_index = True       # token indices), -100 (Hugging Face's ignored label) kept
+            ignore_label = getattr(self.training_step, "ignore_index", IGNORE_INDEX)
 
         def blocks(df: DataFrame) -> Any:   # an RDD on classic sessions, DataFrames on Connect
             data = frame_blocks(df, sources, label_col, self._classifier, shape,
@@ -225,6 +233,7 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
                                  exchange_dir=get("exchangeDir") or None,
                                  training_step=self.training_step,
                                  validation_step=self.validation_step)
+        engine._needs_prediction = True       # transform reads model(*inputs)
         if get("tensorboardDir"):
             engine.set_tensorboard(get("tensorboardDir"))
         configure_engine(self, engine, None if val_df is None else blocks(val_df))

@@ -31,6 +31,7 @@ import torch
 from ..engine.mlflow_tracking import check_mlflow
 from ..errors import InvalidArgumentError
 from ..executor.step import as_model_input
+from ..metrics import prediction_tensor
 
 __all__ = ["training_example", "log_pytorch_model", "EXAMPLE_ROWS"]
 
@@ -110,6 +111,7 @@ def log_pytorch_model(model: Any, name: str = "model",
             with torch.no_grad():
                 output = module(torch.from_numpy(np.ascontiguousarray(example)))
             module.train(was_training)
+            output = prediction_tensor(output)
             log_model_args["signature"] = _signature(example, output.float().numpy())
         log_model_args.setdefault("input_example", example)
     else:
