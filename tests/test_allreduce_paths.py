@@ -179,3 +179,52 @@ def test_after_a_miss_only_the_missing_vector_and_the_reduce_are_computed_again(
     # the undisturbed job gives the same bits
     undisturbed = allreduce.run(index, lambda p, _: (vectors[p], _Report(p, False)))
     assert np.array_equal(undisturbed.vector, result.vector)
+
+
+@pytest.mark.parametrize("codec_name", [None, "bf16"])
+@pytest.mark.parametrize("missing", [[0], [2], [1, 3], [4]])
+def test_connect_shuffle_blocks_after_a_miss_finish_on_the_client_bitwise(codec_name, missing):
+    """The Spark Connect shuffle's reduce side and the client, without Spark: a reducer's sum
+    stops before the first missing partition and sends the later blocks; the client goes on
+    adding, the filled vectors in their place, to bitwise the undisturbed reducers' sums (no
+    other task's vector computed again)."""
+    import pyarrow as pa
+
+    from sparkdl.executor.arrow_tasks import ArrowGradientMap, ArrowReduce, read_rows
+    from sparkdl.runners.connect_dataframe import ConnectDataFrameRunner
+    from sparkdl.transport.allreduce import DriverAllReduce, block_bounds
+    from sparkdl.transport.codecs import make_codec
+
+    n, size = 5, 1001
+    vectors = _vectors(n, size)
+    codec = make_codec(codec_name, np.dtype(np.float32), size - 7)
+    bounds = block_bounds(size, 3)
+
+    def reduced(absent):
+        def task(partition, _):
+            if partition in absent:
+                return None, _Report(partition, True)
+            return vectors[partition], _Report(partition, False)
+
+        rows = [r for p in range(n) for r in read_rows(ArrowGradientMap(task, bounds, codec)(
+            [pa.RecordBatch.from_pydict({"partition": [p]})]))]
+        by_block = {}
+        for r in rows:
+            by_block.setdefault(r["k"], []).append(r)
+        out = []
+        for k, block_rows in by_block.items():
+            batch = pa.RecordBatch.from_pylist(block_rows)
+            out.extend(ArrowReduce(bounds, codec)([batch]))
+        return pa.Table.from_batches(out)
+
+    runner = ConnectDataFrameRunner(spark=None)
+    runner._size, runner._dtype, runner._bounds, runner._codec = size, np.dtype(np.float32), \
+        bounds, codec
+    runner._client_sum = DriverAllReduce(size, np.float32, codec)
+    undisturbed = runner._shuffle_result(reduced([]), 0.0)
+    first = runner._shuffle_result(reduced(missing), 0.0)
+    assert first.missing_partitions == missing and first.pending_blocks is not None
+    filled = {p: (vectors[p], _Report(p, False)) for p in missing}
+    done = runner._complete(first, filled)
+    assert done.missing_partitions == [] and len(done.reports) == n
+    assert np.array_equal(done.vector, undisturbed.vector)

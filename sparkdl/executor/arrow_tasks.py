@@ -46,7 +46,7 @@ __all__ = ["CHUNK_BYTES", "BUILD_SCHEMA", "MAP_SCHEMA", "REDUCE_SCHEMA", "RESULT
 CHUNK_BYTES = 4 << 20
 BUILD_SCHEMA = "partition long, summary binary"
 MAP_SCHEMA = "k int, partition long, seq long, report binary, payload binary"
-REDUCE_SCHEMA = "k long, seq long, info binary, payload binary"
+REDUCE_SCHEMA = "k long, part long, seq long, info binary, payload binary"
 RESULT_SCHEMA = "partition long, seq long, summary binary, payload binary"
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
@@ -70,7 +70,7 @@ def _row(schema: list[tuple[str, Any]], values: list[Any]) -> pa.RecordBatch:
 _BUILD = [("partition", pa.int64()), ("summary", pa.binary())]
 _MAP = [("k", pa.int32()), ("partition", pa.int64()), ("seq", pa.int64()),
         ("report", pa.binary()), ("payload", pa.binary())]
-_REDUCE = [("k", pa.int64()), ("seq", pa.int64()), ("info", pa.binary()),
+_REDUCE = [("k", pa.int64()), ("part", pa.int64()), ("seq", pa.int64()), ("info", pa.binary()),
            ("payload", pa.binary())]
 _RESULT = [("partition", pa.int64()), ("seq", pa.int64()), ("summary", pa.binary()),
            ("payload", pa.binary())]
@@ -138,12 +138,15 @@ class ArrowGradientMap:
             partition = int(row["partition"])
             vector, report = self.task(partition, None)
             head = pickle.dumps(report, _PICKLE)
+            missing = bool(getattr(report, "missing_shard", False))
             for k in range(len(self.bounds) - 1):
                 lo, hi = int(self.bounds[k]), int(self.bounds[k + 1])
                 block = None if vector is None else self.codec.encode(vector[lo:hi], lo)
                 for seq, chunk in enumerate(chunks(block)):
-                    yield _row(_MAP, [k, partition, seq,
-                                      head if (k, seq) == (0, 0) else None, chunk])
+                    # every block of a missing partition carries its report: each reducer
+                    # must know which partitions its sum lacks
+                    yield _row(_MAP, [k, partition, seq, head if seq == 0 and (
+                        k == 0 or missing) else None, chunk])
 
 
 def join_chunks(parts: list[tuple[int, Any]]) -> bytes | None:
@@ -157,7 +160,11 @@ def join_chunks(parts: list[tuple[int, Any]]) -> bytes | None:
 @dataclass
 class ArrowReduce:
     """The reduce side: every block ``k`` that reached this partition, summed in partition
-    order (whatever order the rows came in)."""
+    order (whatever order the rows came in). When a partition's task found no shard, the sum
+    stops before it: the block's sum of the partitions before the first missing one (``part``
+    -1) and each later partition's block (``part`` = its partition) travel to the client,
+    which goes on adding in partition order once the missing vectors are filled
+    (:func:`finish_blocks`): bitwise the undisturbed sum, and no other task computes again."""
 
     bounds: np.ndarray
     codec: Any
@@ -175,11 +182,19 @@ class ArrowReduce:
         for k in sorted(pieces):
             lo, hi = int(self.bounds[k]), int(self.bounds[k + 1])
             parts = [(p, join_chunks(c)) for p, c in pieces[k].items()]
-            total = sum_in_order(parts, self.codec, lo, hi - lo)
-            info = pickle.dumps((reports.get(k, []), time.perf_counter() - t0, started_at,
+            missing = [r.partition for r in reports.get(k, []) if r.missing_shard]
+            first = min(missing, default=None)
+            total = sum_in_order([(p, b) for p, b in parts if first is None or p < first],
+                                 self.codec, lo, hi - lo)
+            forwarded = reports.get(k, []) if k == 0 else []   # block 0 carries every report
+            info = pickle.dumps((forwarded, time.perf_counter() - t0, started_at,
                                  time.time()), _PICKLE)
             for seq, chunk in enumerate(chunks(total)):
-                yield _row(_REDUCE, [k, seq, info if seq == 0 else None, chunk])
+                yield _row(_REDUCE, [k, -1, seq, info if seq == 0 else None, chunk])
+            for p, payload in sorted(parts):
+                if first is not None and p > first and p not in missing:
+                    for seq, chunk in enumerate(chunks(payload)):
+                        yield _row(_REDUCE, [k, p, seq, None, chunk])
 
 
 @dataclass

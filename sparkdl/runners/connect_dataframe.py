@@ -15,7 +15,10 @@ have no SparkContext, RDDs, broadcasts or py4j (the second :class:`IterationRunn
   block ``k`` of every task to partition ``k``, which sums them in partition order (shuffle
   path): the block-sharded AllReduce of :mod:`sparkdl.transport.allreduce` in DataFrame form.
   Either way the sum is bitwise the classic runner's. An iteration in which some task found no
-  shard is finished on the client (driver path) with the filled partitions' vectors.
+  shard is finished on the client with the filled partitions' vectors, no other task computing
+  again: the driver path sums every partition's vector again; on the shuffle path each
+  reducer's sum stopped before the first missing partition and sent the later partitions'
+  blocks, so the client goes on adding in partition order.
 * Every build and fill plans the DataFrame again. A source whose split follows the cluster's
   cores (a local relation, ``range``, small files) can split differently once executors join or
   leave; the rebuilt shard then fails the content check with a message saying what to do
@@ -234,11 +237,19 @@ class ConnectDataFrameRunner:
         submitted_at = time.time()
         reduced = self._map(data, task, self._bounds).repartitionById(blocks, "k").mapInArrow(
             ArrowReduce(self._bounds, self._codec), REDUCE_SCHEMA)
-        table = reduced.toArrow()
+        return self._shuffle_result(reduced.toArrow(), submitted_at)
+
+    def _shuffle_result(self, table: Any, submitted_at: float) -> AllReduceResult:
+        """The reducers' rows (REDUCE_SCHEMA) as the iteration's result."""
         result = AllReduceResult(np.empty(self._size, dtype=self._dtype),
                                  submitted_at=submitted_at, returned_at=time.time())
         pieces: dict[int, list[tuple[int, Any]]] = {}
+        later: dict[int, dict[int, list[tuple[int, Any]]]] = {}
         for row in read_rows(table):
+            if row["part"] >= 0:     # a block after a missing partition: summed on the client
+                later.setdefault(int(row["k"]), {}).setdefault(int(row["part"]), []).append(
+                    (row["seq"], row["payload"]))
+                continue
             pieces.setdefault(int(row["k"]), []).append((row["seq"], row["payload"]))
             if row["info"] is not None:
                 reports, seconds, started, finished = pickle.loads(row["info"])
@@ -246,6 +257,13 @@ class ConnectDataFrameRunner:
                 result.reduce_s = max(result.reduce_s, seconds)
                 result.reduce_started_at = max(result.reduce_started_at, started)
                 result.reduce_finished_at = max(result.reduce_finished_at, finished)
+        result.reports.sort(key=lambda r: r.partition)
+        if result.missing_partitions:     # every block's sum stopped before the first one
+            result.pending_blocks = {
+                k: (join_chunks(c), [(p, join_chunks(parts)) for p, parts in
+                                     sorted(later.get(k, {}).items())])
+                for k, c in pieces.items()}
+            return result
         for k, c in pieces.items():
             payload = join_chunks(c)
             if payload is None:
@@ -253,8 +271,47 @@ class ConnectDataFrameRunner:
             elif result.vector is not None:
                 lo, hi = int(self._bounds[k]), int(self._bounds[k + 1])
                 result.vector[lo:hi] = np.frombuffer(payload, dtype=self._dtype)
-        result.reports.sort(key=lambda r: r.partition)
         return result
+
+    def _finish_blocks(self, result: AllReduceResult, filled: dict[int, Any]
+                       ) -> AllReduceResult:
+        """The shuffle path's blocks completed on the client: each reducer's sum of the
+        partitions before the first missing one, then, in partition order, the filled
+        partitions' blocks (encoded and decoded as the map side would have) and the later
+        partitions' blocks the reducer sent: bitwise the sum of an undisturbed shuffle."""
+        assert result.pending_blocks is not None
+        t0 = time.perf_counter()
+        vector: np.ndarray | None = np.empty(self._size, dtype=self._dtype)
+        for k, (prefix, later) in result.pending_blocks.items():
+            lo, hi = int(self._bounds[k]), int(self._bounds[k + 1])
+            parts = dict(later)
+            for p, (filled_vector, _) in filled.items():
+                parts[p] = (None if filled_vector is None else
+                            self._codec.encode(filled_vector[lo:hi], lo))
+            # the reducer's running sum, continued in partition order (as sum_in_order adds)
+            acc = None if prefix is None else np.frombuffer(prefix, self._dtype).copy()
+            for _, payload in sorted(parts.items()):
+                if payload is None:
+                    continue
+                block = self._codec.decode(payload, lo, hi - lo)
+                if acc is None:
+                    acc = block.copy()
+                else:
+                    acc += block
+            if acc is None:
+                vector = None
+            elif vector is not None:
+                vector[lo:hi] = acc
+        reports = {r.partition: r for r in result.reports}
+        reports.update({p: report for p, (_, report) in filled.items()})
+        done = AllReduceResult(vector, reduce_s=result.reduce_s + time.perf_counter() - t0,
+                               reports=sorted(reports.values(), key=lambda r: r.partition),
+                               submitted_at=result.submitted_at,
+                               reduce_started_at=result.reduce_started_at,
+                               reduce_finished_at=result.reduce_finished_at,
+                               returned_at=result.returned_at)
+        assert not done.missing_partitions, "every missing partition is filled first"
+        return done
 
     def gradients(self, data: ConnectData, step: StepSpec, weights: np.ndarray
                   ) -> AllReduceResult:
@@ -272,24 +329,22 @@ class ConnectDataFrameRunner:
             else:
                 result = self._shuffle_job(data, task)
             result = complete_misses(result, lambda missing: data.fill(missing, task),
-                                     lambda r, filled: self._complete(data, task, r, filled),
-                                     data.num_partitions)
+                                     self._complete, data.num_partitions)
         finally:
             for payload in shipped:
                 self._exchange.discard(payload)
         result.broadcast_s = broadcast_s
         return result
 
-    def _complete(self, data: ConnectData, task: GradientTask, result: AllReduceResult,
-                  filled: dict[int, Any]) -> AllReduceResult:
-        """An iteration with filled partitions, finished on the client: the partitions'
-        encoded vectors (the filled ones in place of the missing) summed in partition order,
-        bitwise what the undisturbed job gives, and nothing large in a job's function. The
-        shuffle path's reducers summed without the missing partitions, so its vectors are
-        computed again as whole vectors first."""
+    def _complete(self, result: AllReduceResult, filled: dict[int, Any]) -> AllReduceResult:
+        """An iteration with filled partitions, finished on the client in partition order,
+        bitwise what the undisturbed job gives, with nothing large in a job's function and no
+        other task computed again: the driver path sums the partitions' encoded vectors with
+        the filled ones in place of the missing; the shuffle path continues each reducer's
+        running sum (:meth:`_finish_blocks`)."""
         assert self._client_sum is not None
-        if result.pending is None:
-            result = self._driver_job(data, task)
+        if result.pending_blocks is not None:
+            return self._finish_blocks(result, filled)
         missing = {p: filled[p] for p in result.missing_partitions if p in filled}
         return self._client_sum.complete(result, missing) if missing else result
 

@@ -76,6 +76,11 @@ class AllReduceResult:
     pending: list[tuple[int, Any]] | None = field(default=None, repr=False)
     """The driver path's encoded vectors by partition, kept only while some partition's shard was
     missing (see :meth:`DriverAllReduce.complete`)."""
+    pending_blocks: dict[int, tuple[Any, list[tuple[int, Any]]]] | None = field(
+        default=None, repr=False)
+    """A DataFrame shuffle's blocks whose sums stopped before a missing partition: by block,
+    the reducer's sum so far and the later partitions' encoded blocks (the Spark Connect
+    runner completes them once the missing vectors are filled)."""
 
     def timeline(self) -> dict[str, float]:
         """Seconds of: ``launch_s`` (submission until the last task began computing),
