@@ -156,7 +156,9 @@ def test_dict_output_model_with_a_criterion_reading_logits(sc):
     check_against(trained, reference)
 
 
-def test_dict_output_validation_needs_select(sc):
+def test_dict_output_validation_reads_its_logits_or_select(sc):
+    """Metrics read a dict-like output (a Hugging Face ModelOutput) at its "logits"; select=
+    picks anything else, and an output without "logits" names select= in its error."""
     from sparkdl.triggers import SeveralIteration
 
     x, y = classification(60, seed=8)
@@ -166,16 +168,16 @@ def test_dict_output_validation_needs_select(sc):
     opt = DistriOptimizer(net, rdd, LogitsLoss(), torch.optim.SGD(net.parameters(), lr=0.1),
                           batch_size=20, end_trigger=MaxIteration(3), progress_bar=False)
     opt.set_validation(rdd, SeveralIteration(3), [Top1Accuracy()])
-    from sparkdl import ModelCriterionMismatchError
-    with pytest.raises(ModelCriterionMismatchError, match=r"Top1Accuracy cannot read the model "
-                                                          r"output \(a dict\).*select="):
-        opt.optimize()
-    opt.set_validation(rdd, SeveralIteration(3),
-                       [Top1Accuracy(select=lambda out: out["logits"])])
     opt.optimize()
     with torch.no_grad():
-        expected = (net(torch.from_numpy(x))["logits"].argmax(1).numpy() == y).mean()
-    assert opt.summary.validations[-1].metrics["Top1Accuracy"] == pytest.approx(expected)
+        logits = net(torch.from_numpy(x))["logits"]
+    assert opt.summary.validations[-1].metrics["Top1Accuracy"] == pytest.approx(
+        (logits.argmax(1).numpy() == y).mean())
+    hidden = {"hidden": torch.tensor([[0.0, 2.0], [3.0, 1.0]])}
+    with pytest.raises(TypeError, match=r"select="):
+        Top1Accuracy().partial(hidden, torch.tensor([1, 0]), None)
+    assert list(Top1Accuracy(select=lambda out: out["hidden"]).partial(
+        hidden, torch.tensor([1, 1]), None)) == [1.0, 2.0]
 
 
 def test_float64_model(sc):
