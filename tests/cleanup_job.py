@@ -29,7 +29,7 @@ def main() -> None:
     out, no_eviction = sys.argv[1], "--no-eviction" in sys.argv
     from conftest import spark_builder
     from models import make_rdd
-    import sparkdl.runners.cached_rdd as cached_rdd
+    import sparkdl.runners.held_data as held_data
     import sparkdl.runners.spark_rdd as spark_rdd
     from sparkdl import DistriOptimizer
     from sparkdl.executor import live_runs
@@ -42,10 +42,10 @@ def main() -> None:
         keys[-1].append(key)
         return key
 
-    spark_rdd.new_key = cached_rdd.new_key = recording
+    spark_rdd.new_key = held_data.new_key = recording
     spark_rdd.clean_workers = lambda sc, keys: None          # the cleanup job: off
     if no_eviction:
-        spark_rdd.live_runs = cached_rdd.live_runs = lambda: None
+        spark_rdd.live_runs = held_data.live_runs = lambda: None
     spark = spark_builder("local-cluster[2,1,1024]").getOrCreate()
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")
