@@ -4,7 +4,8 @@
                           --marker PATH] [--secure] [--checkpoint DIR] [--iterations N]
                           [--allreduce auto|shuffle|driver] [--validation] [--sizes N,N,..]
                           [--locality-wait 0] [--slow-partition P] [--encrypt-io]
-                          [--scan-local-dir DIR] [--conf KEY=VALUE ...]
+                          [--scan-local-dir DIR] [--slow-executor WORKER_DIR]
+                          [--conf KEY=VALUE ...]
 
 Prints the number of executors, the number of finished iterations, and saves the trained
 state_dict. Used by the tests that need a master other than the session's local[2], faults, or a
@@ -16,14 +17,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import uuid
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from models import (FaultInjectingLoss, SlowPartitionLoss, SmallNet,  # noqa: E402
-                    classification_data, make_rdd)
+from models import (FaultInjectingLoss, SlowExecutorLoss, SlowPartitionLoss,  # noqa: E402
+                    SmallNet, classification_data, make_rdd)
 
 SIZES = [40, 0, 25, 35]
 BATCH = 16
@@ -116,6 +118,8 @@ def main() -> None:
                    help="samples per partition, comma separated")
     p.add_argument("--locality-wait", help="spark.locality.wait, e.g. 0")
     p.add_argument("--slow-partition", type=int, help="this partition's tasks take 0.4 s more (-1: every partition's)")
+    p.add_argument("--slow-executor", help="the tasks of the executor under this worker "
+                   "directory (a standalone worker's --work-dir name) take 1.5 s more")
     p.add_argument("--encrypt-io", action="store_true", help="spark.io.encryption.enabled")
     p.add_argument("--conf", action="append", default=[], help="KEY=VALUE, a Spark setting")
     p.add_argument("--scan-local-dir", help="spark.local.dir; during training, the executors' "
@@ -147,6 +151,8 @@ def main() -> None:
     criterion = FaultInjectingLoss(args.fault, args.marker) if args.fault else None
     if args.slow_partition is not None:
         criterion = SlowPartitionLoss(args.slow_partition)
+    if args.slow_executor:
+        criterion = SlowExecutorLoss(args.slow_executor)
     sizes = [int(n) for n in args.sizes.split(",")]
     scan = None
     if args.scan_local_dir:
@@ -161,8 +167,10 @@ def main() -> None:
             print(f"scanned_files={read}")
             print(f"files_with_training_bytes={hits}")
         scan = scan_disks
+    started = time.perf_counter()
     trained, opt = train(sc, args.iterations, criterion, args.checkpoint, args.allreduce,
                          args.validation, sizes, scan)
+    print(f"train_seconds={time.perf_counter() - started:.2f}")
     if args.secure:  # inference too: an Arrow UDF over a DataFrame on the secured cluster
         from sparkdl import NNClassifierModel
 

@@ -195,6 +195,23 @@ class SlowPartitionLoss(nn.CrossEntropyLoss):
         return super().forward(output, target)
 
 
+class SlowExecutorLoss(nn.CrossEntropyLoss):
+    """Cross-entropy that makes every training task on one executor ``seconds`` slower (a slow
+    machine): the one whose working directory lies under a directory named ``worker``."""
+
+    def __init__(self, worker: str, seconds: float = 1.5) -> None:
+        super().__init__()
+        self.worker, self.seconds = worker, seconds
+
+    def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        import os
+        import time
+
+        if torch.is_grad_enabled() and f"/{self.worker}/" in os.getcwd() + "/":
+            time.sleep(self.seconds)
+        return super().forward(output, target)
+
+
 def kill_driver_after_first_checkpoint(cmd: list[str], checkpoint_dir: Any,
                                        timeout: float = 300) -> None:
     """Start a driver process (``cmd``), wait until a ``checkpoint-*`` file appears in

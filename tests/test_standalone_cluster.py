@@ -81,7 +81,8 @@ def processes_under(path: str) -> list[str]:
 class StandaloneCluster:
     """A master and workers as child process groups; :meth:`stop` kills the groups."""
 
-    def __init__(self, tmp, workers: int, env: dict[str, str]) -> None:
+    def __init__(self, tmp, workers: int, env: dict[str, str],
+                 hosts: tuple[str, ...] = ()) -> None:
         import pyspark
 
         self.spark_class = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
@@ -92,16 +93,17 @@ class StandaloneCluster:
                     "--port", str(self.port), "--webui-port", str(free_port()))
         self.workers: dict[int, subprocess.Popen] = {}
         for i in range(workers):
-            self.add_worker(i, wait=False)
+            self.add_worker(i, wait=False, host=hosts[i] if i < len(hosts) else "127.0.0.1")
         self._wait_for_workers(workers)
 
-    def add_worker(self, i: int, wait: bool = True) -> None:
-        """Start worker ``i`` (one core, work directory ``tmp/worker<i>``)."""
+    def add_worker(self, i: int, wait: bool = True, host: str = "127.0.0.1") -> None:
+        """Start worker ``i`` (one core, work directory ``tmp/worker<i>``) on ``host`` (another
+        loopback address, 127.0.0.2, makes it another host to Spark's scheduler)."""
         work = self.tmp / f"worker{i}"
         work.mkdir()
         self.workers[i] = self._start(
             f"worker{i}", "org.apache.spark.deploy.worker.Worker", self.url, "--host",
-            "127.0.0.1", "--cores", "1", "--memory", "1536m", "--webui-port", str(free_port()),
+            host, "--cores", "1", "--memory", "1536m", "--webui-port", str(free_port()),
             "--work-dir", str(work))
         if wait:
             self._wait_for_workers(len(self.workers))

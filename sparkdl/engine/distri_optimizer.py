@@ -46,6 +46,7 @@ from ..data.batch_plan import BatchPlan
 from ..errors import CheckpointError, InvalidArgumentError
 from ..executor.devices import DEVICES
 from ..executor.replicas import ReplicaSpec
+from ..executor.step import as_model_input
 from ..metrics import ValidationMetric
 from ..storage.checkpoint_store import CheckpointStore
 from ..transport.codecs import COMPRESSIONS
@@ -66,6 +67,7 @@ from .run_context import RunContext, RunSettings
 from ..runners.interface import RunnerOptions
 from ..data.ragged import model_arguments
 from .summary import TrainingSummary
+from .task_parallelism import choose_sub_replicas, concurrency_hazard
 from .training_loop import TrainingLoop, needs_closure
 from .validation import Validation
 
@@ -162,6 +164,13 @@ class DistriOptimizer:
             (seeded per task), not numpy or ``random``, to stay bitwise reproducible.
         validation_step: optional ``(model, inputs, target) -> output`` replacing
             ``model(*inputs)`` in validation; the metrics read its output.
+        sub_replicas: how a task with several cores (``spark.task.cpus``) uses them: ``None``
+            (default) runs that many sub-replicas of the model in threads, each on a contiguous
+            part of the task's share, summed inside the task in a fixed order, unless the model
+            draws random numbers or changes buffers in training or the run augments (then, and
+            with one core per task or with GPUs, one replica with intra-op threads); ``1``:
+            one replica with intra-op threads; ``k``: ``k`` sub-replicas (an error for a model
+            that cannot). Exact either way (:mod:`sparkdl.engine.task_parallelism`).
         exchange_dir: for the DataFrame runner that the estimators use under Spark Connect
             (:mod:`sparkdl.runners.connect_dataframe`): where weights above
             :data:`sparkdl.executor.exchange.CLOSURE_MAX_BYTES` travel; unused by RDD runs.
@@ -192,7 +201,8 @@ class DistriOptimizer:
                  collate: Callable[[list[Any]], Sequence[Any]] | None = None,
                  sample_weights: bool = False, exchange_dir: str | None = None,
                  training_step: TrainingStep | None = None,
-                 validation_step: ValidationStep | None = None) -> None:
+                 validation_step: ValidationStep | None = None,
+                 sub_replicas: int | None = None) -> None:
         self.model = check_type("model", _OWNER, model, nn.Module, "a torch.nn.Module")
         self.training_step, self.validation_step = check_steps(
             _OWNER, criterion, training_step, validation_step, sample_weights)
@@ -224,6 +234,8 @@ class DistriOptimizer:
             raise argument_error("exchange_dir", _OWNER, "a directory path or URI, or None",
                                  exchange_dir)
         self.exchange_dir = exchange_dir
+        self.sub_replicas = check_positive_int("sub_replicas", _OWNER, sub_replicas,
+                                               allow_none=True)
         if sample_weights and getattr(criterion, "weight", None) is not None:
             raise InvalidArgumentError(
                 "sample_weights=True cannot be combined with a criterion that has class "
@@ -287,6 +299,16 @@ class DistriOptimizer:
         self._needs_prediction = False
         """Whether ``model(*inputs)`` must give a prediction tensor even with a training step
         (the estimators' ``transform``): checked by the dry run, before training."""
+
+    def _concurrency_hazard(self) -> str | None:
+        """Why sub-replicas cannot train this model exactly (None: they can), tried on the
+        training rows the dry run used."""
+        assert self.data_spec is not None
+        dtype = self.layout.param_dtype
+        inputs = [as_model_input(f, dtype)
+                  for f in self._model_arguments(list(self.data_spec.sample_features))]
+        target = as_model_input(self.data_spec.sample_labels, dtype)
+        return concurrency_hazard(self.model, self.criterion, self.training_step, inputs, target)
 
     def _model_arguments(self, features: list[Any]) -> list[Any]:
         if self.settings.sample_weights:        # the last input is the samples' weight
@@ -539,7 +561,12 @@ class DistriOptimizer:
                         self._validation.metrics, param_dtype, arguments, steps)
             plan = BatchPlan(self.data_spec.partition_sizes, self.batch_size, self.seed,
                              self.settings.shuffle)
-            ctx = RunContext(self.settings, self.model, self.criterion, self.reduction,
+            sub_replicas, cores_use = choose_sub_replicas(
+                self.sub_replicas, runner.task_cores(),
+                self.settings.runner_options.device == "cuda" or runner.schedules_gpus(),
+                lambda: self._concurrency_hazard(), self.train_transform is not None)
+            settings = dataclasses.replace(self.settings, sub_replicas=sub_replicas)
+            ctx = RunContext(settings, self.model, self.criterion, self.reduction,
                              self.optimizer, self.lr_scheduler, self.layout, self.end_trigger,
                              runner, train, plan, self._validation, checkpoints, self._clipping,
                              LossScaler() if self.settings.runner_options.precision == "16-mixed"
@@ -562,6 +589,7 @@ class DistriOptimizer:
             log.info("training on %d samples in %d partitions: global batch %d, %d iterations "
                      "per epoch, %s", plan.num_samples, plan.num_partitions, self.batch_size,
                      plan.iterations_per_epoch, how)
+            log.info("tasks use their cores as %s", cores_use)
             tracker = self._mlflow_tracker(plan)
             ctx.listeners = [tracker] if tracker is not None else []
             TrainingLoop(ctx).run()

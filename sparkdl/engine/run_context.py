@@ -43,6 +43,9 @@ class RunSettings:
     progress_bar: bool | None = None
     tensorboard_dir: str | None = None
     sample_weights: bool = False
+    sub_replicas: int = 1
+    """Sub-replicas per task (:mod:`sparkdl.engine.task_parallelism`), decided at the run's
+    start (the DistriOptimizer's own setting is the user's request, None for automatic)."""
 
     def reproducibility_key(self, plan: BatchPlan) -> dict[str, Any]:
         """What a resumed run must share with the checkpointed one to reproduce it bitwise."""
@@ -51,11 +54,12 @@ class RunSettings:
                 "partition_sizes": [int(n) for n in plan.partition_sizes],
                 "micro_batch_size": self.micro_batch_size,
                 "lr_scheduler_step": self.lr_scheduler_step,
-                "compression": options.compression, "precision": options.precision}
+                "compression": options.compression, "precision": options.precision,
+                "sub_replicas": self.sub_replicas}
 
 
 KEY_DEFAULTS: dict[str, Any] = {"micro_batch_size": None, "lr_scheduler_step": "epoch",
-                                "compression": None, "precision": "32"}
+                                "compression": None, "precision": "32", "sub_replicas": 1}
 """What checkpoints written before a setting joined the key had (they could not differ)."""
 
 

@@ -130,7 +130,8 @@ class TrainingLoop:
         return StepSpec(ctx.settings.seed, ctx.settings.shuffle, ctx.iteration, epoch, starts,
                         counts, ctx.plan.batch_size_at(step), ctx.settings.micro_batch_size,
                         ctx.layout.fingerprint, options.device, options.precision,
-                        ctx.loss_scaler.scale if ctx.loss_scaler is not None else 1.0)
+                        ctx.loss_scaler.scale if ctx.loss_scaler is not None else 1.0,
+                        ctx.settings.sub_replicas)
 
     def _gradients(self, step: StepSpec, weights: np.ndarray) -> AllReduceResult:
         ctx = self.ctx

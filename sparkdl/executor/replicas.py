@@ -27,7 +27,7 @@ from .worker_cache import WorkerCache
 __all__ = ["Replica", "ReplicaSpec", "get_replica", "drop_replica", "training_modes",
            "set_training_modes"]
 
-_REPLICAS: WorkerCache["Replica"] = WorkerCache(capacity=4, freeze=True)
+_REPLICAS: WorkerCache["Replica"] = WorkerCache(capacity=16, freeze=True)
 
 
 @dataclass
@@ -88,12 +88,13 @@ class Replica:
             self.per_sample_criterion.reduction = "none"
 
 
-def get_replica(run_key: str, spec_source: Any, device: str = "cpu") -> Replica:
+def get_replica(run_key: str, spec_source: Any, device: str = "cpu", sub: int = 0) -> Replica:
     """This worker's replica for a run on ``device``, built from ``spec_source.value`` (a
     broadcast of the :class:`ReplicaSpec`) on first use. A reused worker may be given another
-    GPU in a later task: it then holds one replica per device."""
-    return _REPLICAS.get_or_create((run_key, device),
-                                   lambda: Replica(spec_source.value, device))
+    GPU in a later task: it then holds one replica per device. ``sub`` > 0: another copy, a
+    sub-replica of a task with several cores (:mod:`sparkdl.executor.sub_replicas`)."""
+    key = (run_key, device) if sub == 0 else (run_key, device, sub)
+    return _REPLICAS.get_or_create(key, lambda: Replica(spec_source.value, device))
 
 
 def drop_replica(run_key: str) -> None:

@@ -12,7 +12,7 @@ metric sums over a whole partition. Neither knows how it was reached (a Spark ta
 
 Example::
 
-    vector, report = compute_gradient(step, partition, shard, lambda: replica, state)
+    vector, report = compute_gradient(step, partition, shard, lambda s: replica, state)
 """
 
 from __future__ import annotations
@@ -26,13 +26,14 @@ import torch
 
 from ..data.batch_plan import task_seed, transform_generator
 from ..data.ragged import Ragged, model_arguments
-from ..errors import SparkdlError
+from ..errors import InvalidArgumentError, SparkdlError
 from ..losses import loss_terms
 from ..training_step import step_loss_sums, step_loss_terms
 from ..metrics import ValidationMetric, uses_step_loss
 from .process_memory import current_rss_bytes
 from .replicas import Replica, set_training_modes
 from .shard_store import Shard
+from .sub_replicas import run_sub_replicas, sub_shares
 
 __all__ = ["StepSpec", "TaskReport", "compute_gradient", "compute_metric_sums",
            "set_task_threads", "as_model_input", "autocast"]
@@ -55,6 +56,7 @@ class StepSpec:
     device: str = "cpu"          # the requested device rule: "auto", "cpu" or "cuda"
     precision: str = "32"        # "32", "bf16-mixed" or "16-mixed"
     loss_scale: float = 1.0      # the global loss scale of "16-mixed"
+    sub_replicas: int = 1        # the share computed on this many sub-replicas in threads
 
 
 @dataclass
@@ -79,14 +81,16 @@ class TaskReport:
     # count or weight of the targets, sparkdl.losses); 0 when the task weighted by rows
 
 
-def set_task_threads() -> None:
-    """Use as many torch threads as Spark gave the task cores (``spark.task.cpus``)."""
+def set_task_threads(sub_replicas: int = 1) -> None:
+    """Use as many torch threads as Spark gave the task cores (``spark.task.cpus``), shared
+    among ``sub_replicas`` sub-replicas running at once (at least one each)."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     cpus = ctx.cpus() if ctx is not None else 1
-    if torch.get_num_threads() != cpus:
-        torch.set_num_threads(max(1, int(cpus)))
+    threads = max(1, int(cpus) // max(1, int(sub_replicas)))
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 _AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
@@ -155,13 +159,16 @@ def _chunks(indices: np.ndarray, size: int | None) -> list[np.ndarray]:
 
 
 def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
-                     replica_of: Callable[[], Replica], weights: np.ndarray, attempt: int = 0
+                     replica_of: Callable[[int], Replica], weights: np.ndarray, attempt: int = 0
                      ) -> tuple[np.ndarray | None, TaskReport]:
     """The weighted local gradient of ``partition`` (None when it has no share); the report
     says which parameters got a gradient and carries the buffers the task changed.
 
     ``shard`` is None when the partition's data is not where this task runs (reported as
-    ``missing_shard``); ``replica_of()`` gives the replica (only called when there is work).
+    ``missing_shard``); ``replica_of(s)`` gives sub-replica ``s`` (only called when there is
+    work). With ``step.sub_replicas`` > 1 the share is split into that many contiguous parts
+    computed concurrently on sub-replicas 0, 1, ... and their vectors summed in that order
+    (:mod:`sparkdl.executor.sub_replicas`).
     """
     report = TaskReport(partition=partition, attempt=attempt, started_at=time.time())
     count = int(step.counts[partition])
@@ -172,17 +179,49 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
         report.missing_shard = True
         return None, report
     t0 = time.perf_counter()
-    replica: Replica = replica_of()
+    torch.manual_seed(task_seed(step.seed, step.iteration, partition))
+    start = int(step.starts[partition])
+    indices = shard.permutation(step.seed, step.epoch, partition, step.shuffle)[start:start + count]
+    if step.sub_replicas <= 1:
+        vector, report.grad_present, report.loss, report.normaliser, report.buffers = \
+            _share_gradient(step, partition, shard, replica_of(0), indices, weights)
+    else:
+        parts = [(s, part) for s, part in enumerate(sub_shares(indices, step.sub_replicas))
+                 if len(part)]
+        results = run_sub_replicas([
+            (lambda s=s, part=part: _share_gradient(step, partition, shard, replica_of(s), part,
+                                                    weights)) for s, part in parts])
+        vector, present, loss, normaliser, _ = results[0]
+        for more, more_present, more_loss, more_normaliser, _ in results[1:]:
+            vector += more                                   # in sub-replica order
+            present = np.maximum(present, more_present)
+            loss, normaliser = loss + more_loss, normaliser + more_normaliser
+        changed = [s for (s, _), result in zip(parts, results) if result[4]]
+        if changed:
+            raise InvalidArgumentError(
+                f"Sub-replica {changed[0]} of partition {partition} changed buffers of the "
+                "model (BatchNorm statistics, say): sub-replicas cannot combine buffers. Use "
+                "sub_replicas=1 (subReplicas=1): one replica with intra-op threads.")
+        report.grad_present, report.loss, report.normaliser = present, loss, normaliser
+    report.compute_s = time.perf_counter() - t0
+    report.rss_bytes = current_rss_bytes()
+    report.finished_at = time.time()
+    return vector, report
+
+
+def _share_gradient(step: StepSpec, partition: int, shard: Shard, replica: Replica,
+                    indices: np.ndarray, weights: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, float, float, dict[int, bytes]]:
+    """One replica's forward and backward over ``indices`` of the partition (in micro-batches):
+    its flat vector, the parameters present, its weighted loss, its normaliser and the buffers
+    it changed."""
     _check_layout(step, replica)
     model, layout = replica.model, replica.layout
     layout.load_state(model, weights)
     set_training_modes(model, replica.train_modes)     # as the user left each module
     model.zero_grad(set_to_none=True)
-    torch.manual_seed(task_seed(step.seed, step.iteration, partition))
-    start = int(step.starts[partition])
-    indices = shard.permutation(step.seed, step.epoch, partition, step.shuffle)[start:start + count]
     mean = replica.reduction == "mean"
-    loss_sum = 0.0
+    loss_sum, normaliser_sum = 0.0, 0.0
     augment = replica.train_transform
     rng = (transform_generator(step.seed, step.iteration, partition) if augment is not None
            else None)
@@ -212,7 +251,7 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
                 per_sample.device, per_sample.dtype)).sum()
             multiplier, normaliser = 1.0, float(np.sum(sample_weights, dtype=np.float64))
         if replica.sample_weights or replica.normalised:
-            report.normaliser += normaliser
+            normaliser_sum += normaliser
             if loss is None:            # no target of this chunk counts
                 continue
             # the loss sum over the batch size (float16 range); the driver multiplies back
@@ -223,13 +262,8 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
             factor = weight * step.loss_scale               # the scale is 1 or a power of 2
         (loss * factor).backward()
         loss_sum += float(loss.detach()) * weight
-    vector, report.grad_present = layout.gradients(model)
-    report.buffers = layout.changed_buffers(model, weights)
-    report.loss = loss_sum
-    report.compute_s = time.perf_counter() - t0
-    report.rss_bytes = current_rss_bytes()
-    report.finished_at = time.time()
-    return vector, report
+    vector, present = layout.gradients(model)
+    return vector, present, loss_sum, normaliser_sum, layout.changed_buffers(model, weights)
 
 
 def compute_metric_sums(shard: Shard | None, replica: Replica, weights: np.ndarray,

@@ -72,11 +72,11 @@ class GradientTask:
         sparkdl error (:attr:`sparkdl.errors.SparkdlError.permanent`) is reported, not raised:
         the task succeeds, Spark does not retry what cannot succeed, and the driver raises it."""
         try:
-            set_task_threads()
+            set_task_threads(self.step.sub_replicas)
             choice = task_device(self.step.device)
 
-            def replica() -> Replica:
-                return get_replica(self.run_key, PickledSpec(self.spec), choice.device)
+            def replica(sub: int) -> Replica:
+                return get_replica(self.run_key, PickledSpec(self.spec), choice.device, sub)
 
             vector, report = compute_gradient(self.step, partition, shard, replica,
                                               self.weights.value, attempt=_attempt())

@@ -232,7 +232,8 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
                                  sample_weights=bool(weight_col),
                                  exchange_dir=get("exchangeDir") or None,
                                  training_step=self.training_step,
-                                 validation_step=self.validation_step)
+                                 validation_step=self.validation_step,
+                                 sub_replicas=get("subReplicas") or None)
         engine._needs_prediction = True       # transform reads model(*inputs)
         if get("tensorboardDir"):
             engine.set_tensorboard(get("tensorboardDir"))
@@ -460,7 +461,8 @@ class NNEstimator(_NNEstimatorBase, NNParams):
             ``model(*inputs)`` for the validation metrics.
         **params: any Param: featuresCol, featuresCols, inputCols, labelCol, predictionCol,
             featureShape, batchSize, maxEpoch, learningRate, optimizer, momentum, weightDecay,
-            seed, numTrainWorkers, validationIndicatorCol, microBatchSize, inferenceBatchSize,
+            seed, numTrainWorkers, validationIndicatorCol, microBatchSize, subReplicas,
+            inferenceBatchSize,
             checkpointDir, gradientClipNorm, earlyStoppingPatience, restoreBest,
             validationMetrics, device, precision, tensorboardDir, progressBar, mlflowLogging.
 

@@ -42,6 +42,10 @@ _OWN_PARAMS: dict[str, tuple[Any, str]] = {
     "microBatchSize": (TypeConverters.toInt,
                        "accumulate each task's gradient over micro-batches of this size (0: off)"),
     "inferenceBatchSize": (TypeConverters.toInt, "rows per model call in transform"),
+    "subReplicas": (TypeConverters.toInt,
+                    "how a fit task with several cores (spark.task.cpus) uses them: that many "
+                    "model copies in threads, summed in the task, when the model allows it "
+                    "(0: automatic), 1: one copy with intra-op threads, k: k copies"),
     "progressBar": (TypeConverters.toBoolean,
                     "show a progress bar while fitting when interactive (a notebook or a "
                     "terminal)"),
@@ -101,7 +105,7 @@ class NNParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasBatchSize, HasL
                          featuresCols=[], inputCols=[], featureShape=[], batchSize=128, maxEpoch=10,
                          learningRate=1e-3, optimizer="adam", momentum=0.0, weightDecay=0.0,
                          seed=0, numTrainWorkers=0, validationIndicatorCol="",
-                         microBatchSize=0, inferenceBatchSize=1024, progressBar=True,
+                         microBatchSize=0, subReplicas=0, inferenceBatchSize=1024, progressBar=True,
                          tensorboardDir="", mlflowLogging=False, device="auto", precision="32",
                          checkpointDir="", gradientClipNorm=0.0, earlyStoppingPatience=0,
                          restoreBest=True, validationMetrics=[], sequenceCols=[],
@@ -162,7 +166,7 @@ def validate_params(stage: Params) -> None:
     for name in ("batchSize", "maxEpoch", "inferenceBatchSize"):
         if stage.hasParam(name) and get(name) <= 0:
             raise _error(name, owner, "a positive int", get(name))
-    for name in ("numTrainWorkers", "microBatchSize"):
+    for name in ("numTrainWorkers", "microBatchSize", "subReplicas"):
         if stage.hasParam(name) and get(name) < 0:
             raise _error(name, owner, "an int >= 0 (0: automatic/off)", get(name))
     if get("learningRate") <= 0:

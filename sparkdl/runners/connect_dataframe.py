@@ -157,6 +157,18 @@ class ConnectDataFrameRunner:
         except Exception:
             return default
 
+    def task_cores(self) -> int:
+        try:
+            return max(1, int(float(self._conf("spark.task.cpus", "1"))))
+        except ValueError:
+            return 1
+
+    def schedules_gpus(self) -> bool:
+        try:
+            return float(self._conf("spark.executor.resource.gpu.amount", "0")) > 0
+        except ValueError:
+            return False
+
     def check_device(self, device: str) -> None:
         if device != "cuda":
             return

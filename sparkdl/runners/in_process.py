@@ -93,9 +93,17 @@ class InProcessRunner:
 
     def __init__(self) -> None:
         self._replica: Replica | None = None
+        self._spec: bytes | None = None
+        self._sub_replicas: dict[int, Replica] = {}
         self._layout: ParamLayout | None = None
         self._codec: Any = None
         self._precision = "32"
+
+    def task_cores(self) -> int:
+        return 1            # tasks run one after another, each with one torch thread
+
+    def schedules_gpus(self) -> bool:
+        return False
 
     def check_device(self, device: str) -> None:
         if device == "cuda" and not torch.cuda.is_available():
@@ -122,7 +130,9 @@ class InProcessRunner:
 
         # A worker's replica is unpickled from the broadcast spec: the same round trip here.
         device = "cuda:0" if options.device != "cpu" and torch.cuda.is_available() else "cpu"
-        self._replica = Replica(pickle.loads(cloudpickle.dumps(spec)), device)
+        self._spec = cloudpickle.dumps(spec)
+        self._replica = Replica(pickle.loads(self._spec), device)
+        self._sub_replicas: dict[int, Replica] = {}
         self._precision = options.precision
         self._layout = layout
         self._codec = make_codec(options.compression, layout.numpy_dtype,
@@ -130,9 +140,14 @@ class InProcessRunner:
         return (f"in-process sum of {layout.size} values"
                 + (f" (gradients in {options.compression})" if options.compression else ""))
 
-    def _replica_of(self) -> Replica:
-        assert self._replica is not None
-        return self._replica
+    def _replica_of(self, sub: int = 0) -> Replica:
+        assert self._replica is not None and self._spec is not None
+        if sub == 0:
+            return self._replica
+        if sub not in self._sub_replicas:      # another copy, as a worker unpickles it
+            self._sub_replicas[sub] = Replica(pickle.loads(self._spec),
+                                              str(self._replica.device))
+        return self._sub_replicas[sub]
 
     def gradients(self, data: InProcessData, step: StepSpec, weights: np.ndarray
                   ) -> AllReduceResult:
@@ -172,4 +187,4 @@ class InProcessRunner:
         raise RuntimeError(f"in-process data cannot be lost ({reason})")  # pragma: no cover
 
     def close(self) -> None:
-        self._replica = None
+        self._replica, self._sub_replicas = None, {}

@@ -81,6 +81,13 @@ class IterationRunner(Protocol):
     """The classic SparkContext the runner's jobs run on (None for the in-process and the
     Spark Connect runners)."""
 
+    def task_cores(self) -> int:
+        """The cores each task owns (``spark.task.cpus``; 1 in process): what sub-replicas
+        default to (:mod:`sparkdl.engine.task_parallelism`)."""
+
+    def schedules_gpus(self) -> bool:
+        """Whether the cluster gives the executors GPUs (then a task keeps one replica)."""
+
     def check_device(self, device: str) -> None:
         """Raise a clear error, before any cluster work, if ``device`` cannot be had."""
 

@@ -67,6 +67,12 @@ class SparkRddRunner:
         master = self.spark_context.master
         return master == "local" or master.startswith("local[")
 
+    def task_cores(self) -> int:
+        return max(1, int(self._conf("spark.task.cpus") or 1))
+
+    def schedules_gpus(self) -> bool:
+        return not self._local_master() and self._conf("spark.executor.resource.gpu.amount") > 0
+
     def check_device(self, device: str) -> None:
         if device != "cuda":
             return

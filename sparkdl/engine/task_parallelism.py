@@ -1,0 +1,89 @@
+"""How a task uses its cores: one replica with intra-op threads, or sub-replicas in threads
+(driver side; the tasks' side is :mod:`sparkdl.executor.sub_replicas`).
+
+The choice is made once per run, before any gradient job, and never depends on where a task
+runs or how long it takes, so a retried or moved task computes bitwise the same vector:
+
+* ``sub_replicas=None`` (the default): with tasks of ``c > 1`` cores (``spark.task.cpus``) on
+  CPU executors, ``c`` sub-replicas, unless the model draws random numbers (dropout) or changes
+  buffers (BatchNorm) in a training step, or the run augments its batches: then one replica
+  with ``c`` intra-op threads. One core per task, or GPUs: one replica.
+* ``sub_replicas=1``: one replica with the task's cores as intra-op threads.
+* ``sub_replicas=k > 1``: ``k`` sub-replicas; a model that cannot run so is an error here.
+
+Example::
+
+    count, how = choose_sub_replicas(None, runner.task_cores(), False, hazard)
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from ..errors import InvalidArgumentError
+from ..executor.replicas import set_training_modes, training_modes
+from ..training_step import step_loss_terms
+from .rng_isolation import private_torch_rng
+
+__all__ = ["choose_sub_replicas", "concurrency_hazard"]
+
+
+def concurrency_hazard(model: nn.Module, criterion: Any, training_step: Any,
+                       inputs: Sequence[torch.Tensor], target: torch.Tensor) -> str | None:
+    """Why copies of ``model`` cannot train concurrently and stay exact: a training forward and
+    backward on ``inputs`` (a copy of the model, in the modes the tasks train in) that draws
+    from torch's random generator (one per process, shared by the threads) or changes a buffer.
+    None when it does neither."""
+    probe = copy.deepcopy(model)
+    set_training_modes(probe, training_modes(probe))
+    before = {name: b.detach().clone() for name, b in probe.named_buffers()}
+    with private_torch_rng(seed=0):
+        state = torch.get_rng_state()
+        if training_step is not None:
+            loss = step_loss_terms(training_step, probe, inputs, target)[0]
+        else:
+            loss = criterion(probe(*inputs), target)
+        if isinstance(loss, torch.Tensor) and loss.requires_grad:
+            loss.sum().backward()
+        drew = not torch.equal(state, torch.get_rng_state())
+    if drew:
+        return "draws random numbers in training (dropout or the like)"
+    changed = [name for name, b in probe.named_buffers()
+               if name in before and not torch.equal(b.detach(), before[name])]
+    if changed:
+        return f"changes the buffer {changed[0]!r} in training (BatchNorm statistics or the like)"
+    return None
+
+
+def choose_sub_replicas(requested: int | None, task_cores: int, gpus: bool,
+                        hazard: Callable[[], str | None], augments: bool = False
+                        ) -> tuple[int, str]:
+    """``(sub-replicas per task, how the tasks use their cores)`` (see the module docstring).
+    ``hazard()`` is :func:`concurrency_hazard` on the run's model; ``gpus``: the cluster
+    schedules GPUs to the tasks; ``augments``: the run has a ``train_transform``."""
+    threads = f"one replica per task with {task_cores} intra-op thread" + \
+        ("s" if task_cores > 1 else "")
+    if requested == 1 or (requested is None and (task_cores <= 1 or gpus)):
+        return 1, threads
+    if augments:
+        if requested is None:
+            return 1, f"{threads} (train_transform draws per task, not per sub-replica)"
+        raise InvalidArgumentError(
+            f"sub_replicas={requested} cannot be combined with train_transform (its generator "
+            "is one per task): use sub_replicas=1 (subReplicas=1).")
+    reason = hazard()
+    if reason is not None:
+        if requested is None:
+            return 1, f"{threads} (the model {reason}, which sub-replicas in threads cannot do)"
+        raise InvalidArgumentError(
+            f"sub_replicas={requested}: the model {reason}, which sub-replicas running at once "
+            "cannot do exactly. Use sub_replicas=1 (subReplicas=1): one replica per task with "
+            "the task's cores as intra-op threads.")
+    count = task_cores if requested is None else requested
+    per = max(1, task_cores // count)
+    return count, (f"{count} sub-replicas per task in threads ({per} intra-op thread"
+                   f"{'s' if per > 1 else ''} each), summed in the task")

@@ -1,0 +1,88 @@
+"""Stragglers, exactly: one slow executor (its training tasks sleep 1.5 s) on a standalone
+cluster whose two workers are two hosts to Spark (127.0.0.1 and 127.0.0.2: Spark never starts a
+speculative copy on the host of the running attempt). With ``spark.speculation=true`` a copy of
+the slow task runs on the other executor, which does not hold the shard: it fills it there and
+computes the same vector, the first attempt to finish wins, and the weights are bitwise those of
+a clean run. The wall times with and without speculation are printed (bench/stragglers.py
+reports them).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import cluster_job
+from models import SmallNet, bitwise_equal
+from test_standalone_cluster import StandaloneCluster
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ITERATIONS = 6
+SIZES = [30, 25, 35, 20]          # every partition trains, whichever executor holds it
+SPECULATION = {"spark.speculation": "true", "spark.speculation.interval": "50ms",
+               "spark.speculation.quantile": "0.5", "spark.speculation.multiplier": "1.5",
+               "spark.speculation.minTaskRuntime": "200ms",
+               "spark.speculation.efficiency.enabled": "false",
+               # a copy may start away from the task's shard only after the locality wait
+               "spark.locality.wait": "300ms"}
+
+
+def copies_started(tmp_path) -> int:
+    """Task attempts after the first (speculative copies: no task fails here) that the two
+    workers' executors ran, from their logs."""
+    count = 0
+    for worker in ("worker0", "worker1"):
+        for root, _, files in os.walk(tmp_path / worker):
+            if "stderr" in files:
+                with open(os.path.join(root, "stderr")) as f:
+                    count += len(re.findall(r"Running task \d+\.[1-9]\d* in stage", f.read()))
+    return count
+
+
+def run_with_slow_executor(tmp_path, speculation: bool, slow: bool = True
+                           ) -> tuple[SmallNet, str, str]:
+    """The cluster job on two one-core workers, worker1's tasks slow (unless ``slow`` is
+    false); returns the weights, stdout and stderr."""
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
+               SPARK_NO_DAEMONIZE="1",
+               PYTHONPATH=os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH"))
+                                          if p))
+    cluster = StandaloneCluster(tmp_path, workers=2, env=env, hosts=("127.0.0.1", "127.0.0.2"))
+    out = tmp_path / "weights.pt"
+    settings = {"spark.executor.cores": "1", **(SPECULATION if speculation else {})}
+    confs = [a for k, v in settings.items() for a in ("--conf", f"{k}={v}")]
+    try:
+        proc = subprocess.run(
+            [sys.executable, os.path.join(HERE, "cluster_job.py"), cluster.url, str(out),
+             "--iterations", str(ITERATIONS), "--sizes", ",".join(map(str, SIZES)),
+             *(["--slow-executor", "worker1"] if slow else []), *confs],
+            capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    finally:
+        cluster.stop()
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("\tat ")]
+        pytest.fail(f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n" + "\n".join(lines[-80:]))
+    model = SmallNet()
+    model.load_state_dict(torch.load(out, weights_only=True))
+    return model, proc.stdout, proc.stderr
+
+
+def train_seconds(stdout: str) -> float:
+    return float(re.search(r"train_seconds=([0-9.]+)", stdout).group(1))
+
+
+@pytest.mark.cluster
+def test_a_speculative_copy_fills_the_shard_and_gives_the_clean_weights(sc, tmp_path):
+    model, stdout, stderr = run_with_slow_executor(tmp_path, speculation=True)
+    assert f"iterations={ITERATIONS}" in stdout
+    assert "executors=2" in stdout
+    assert copies_started(tmp_path) >= 1, f"Spark started no speculative copy\n{stdout}"
+    misses = int(re.search(r"placement_misses=(\d+)", stdout).group(1))
+    assert misses >= 1, f"no speculative copy ran where the shard was not\n{stdout}"
+    clean, _ = cluster_job.train(sc, sizes=SIZES)
+    assert bitwise_equal(model, clean)
