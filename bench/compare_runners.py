@@ -389,7 +389,7 @@ def main() -> None:
 def report(args: Any, results: dict[tuple[str, str], list[Result]],
            floors: dict[str, list[tuple[float, float]]],
            clean_floors: dict[str, tuple[float, float]]) -> None:
-    print(f"\n{args.rounds} round(s), medians; local[2]; data {SAMPLES} samples in "
+    print(f"\n{args.rounds} round(s), medians; {args.master}; data {SAMPLES} samples in "
           f"{PARTITIONS} partitions\n")
     print("| workload | runner | samples/s | x single | x TorchDistributor | first loss | "
           "final loss | driver RSS MiB | worker RSS MiB |")

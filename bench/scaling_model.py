@@ -68,6 +68,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--bandwidth-gbit", type=float, default=10.0)
+    ap.add_argument("--executor-cores", type=int, default=8)
+    ap.add_argument("--sub-replica-efficiency", type=float, default=0.9,
+                    help="parallel efficiency of a task's sub-replicas (bench/task_aggregation.py)")
     args = ap.parse_args()
     from sparkdl.transport.allreduce import choose_allreduce
     from sparkdl.spark_settings import spark_session
@@ -118,6 +121,25 @@ def main() -> None:
             mark = " (auto)" if auto else ""
             print(f"| {name} | {n} | {n * (WORKLOADS[name].batch // 2):,} | {path}{mark} | "
                   f"{1e3 * t:.0f} | {thr:,.0f} | {eff:.0%} |")
+    print(f"\nExecutors of {args.executor_cores} cores (the per-core batch as on 2 workers): one "
+          "task per core, or one task per executor on sub-replicas (executor-level "
+          f"aggregation, compute at {args.sub_replica_efficiency:.0%} parallel efficiency):\n")
+    print("| workload | executors | global batch | tasks | path | iteration ms | samples/s | "
+          "driver's share (d*N + driver-side bytes) |")
+    print("|---|---:|---:|---:|---|---:|---:|---:|")
+    k = args.executor_cores
+    for name in ("W2", "W3"):
+        b, s = WORKLOADS[name].batch // 2, sizes[name]
+        for executors in (8, 32, 128):
+            for tasks, compute in ((executors * k, per_sample[name] * b),
+                                   (executors, per_sample[name] * b
+                                    / args.sub_replica_efficiency)):
+                path = choose_allreduce(s, tasks)
+                t = predict(path, compute / b, b, s, fit, bw, tasks)
+                driver = fit["d"] * tasks + (tasks if path == "driver" else 1) * (
+                    fit["q"] * s + s / bw)
+                print(f"| {name} | {executors} | {executors * k * b:,} | {tasks} | {path} | "
+                      f"{1e3 * t:.0f} | {executors * k * b / t:,.0f} | {driver / t:.0%} |")
     print()
     for name in ("W2", "W3"):
         for path in ("shuffle", "driver"):

@@ -5,7 +5,8 @@ one replica with ``c`` intra-op torch threads, or on ``c`` sub-replicas in Pytho
 intra-op thread each, each taking a contiguous ``1/c`` of the share, their gradients summed in
 sub-replica order (``sub_replicas`` in sparkdl). This times one forward + backward of a task's
 share both ways, with the 1-thread single-replica time beside it, for the reference workloads'
-models (``../shared/docs/benchmarks.md``: W1 MLP, W2 LeNet-5, W3 the 76 MiB MLP)::
+models (``../shared/docs/benchmarks.md``: W1 MLP, W2 LeNet-5, W3 the 76 MiB MLP), an
+embedding-bag recommender and a two-layer transformer encoder::
 
     python bench/task_aggregation.py                  # share 512 (W2), 64 (W3), 128 (W1)
     python bench/task_aggregation.py --cores 2 --repeats 30
@@ -27,11 +28,49 @@ from sparkdl.datasets.reference_models import lenet5, mlp
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from scaling_model import _median_time as timed  # noqa: E402
 
+class Recommender(nn.Module):
+    """Ids into a 100k x 32 table, summed per row, and an MLP (a W4-like model)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.EmbeddingBag(100_000, 32, mode="sum")
+        self.head = mlp([32, 64, 10])
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.table(ids))
+
+
+class TinyTransformer(nn.Module):
+    """Two encoder layers (d 64, 4 heads, no dropout) over 32 tokens, mean-pooled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(1000, 64)
+        layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2)
+        self.out = nn.Linear(64, 10)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(self.encoder(self.embed(ids)).mean(1))
+
+
 MODELS = {
     "W1": (lambda: mlp([784, 256, 10]), 128),
     "W2": (lambda: lenet5(), 512),
     "W3": (lambda: mlp([784, 4096, 4096, 10]), 64),
+    "recommender": (Recommender, 1024),
+    "transformer": (TinyTransformer, 128),
 }
+
+
+def batch(name: str, share: int) -> torch.Tensor:
+    if name == "W2":
+        return torch.randn(share, 1, 28, 28)
+    if name == "recommender":
+        return torch.randint(0, 100_000, (share, 8))
+    if name == "transformer":
+        return torch.randint(0, 1000, (share, 32))
+    return torch.randn(share, 784)
 
 
 def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -55,7 +94,7 @@ def main() -> None:
         torch.manual_seed(0)
         model = build()
         subs = [copy.deepcopy(model) for _ in range(c)]
-        x = torch.randn(share, 1, 28, 28) if name == "W2" else torch.randn(share, 784)
+        x = batch(name, share)
         y = torch.randint(0, 10, (share,))
         parts = list(zip(x.chunk(c), y.chunk(c)))
         torch.set_num_threads(1)

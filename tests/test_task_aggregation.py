@@ -22,7 +22,8 @@ from models import (BatchNormNet, DropoutNet, bitwise_equal, classification_data
                     reference_train)
 from sparkdl import DistriOptimizer
 from sparkdl.data.batch_plan import BatchPlan
-from sparkdl.engine.task_parallelism import choose_sub_replicas, concurrency_hazard
+from sparkdl.engine.task_parallelism import (choose_sub_replicas, concurrency_hazard,
+                                             prefers_sub_replicas)
 from sparkdl.errors import InvalidArgumentError
 from sparkdl.executor.sub_replicas import sub_shares
 from sparkdl.runners import LocalPartitions
@@ -94,6 +95,12 @@ def test_models_that_cannot_run_concurrently_are_named(caplog):
     assert choose_sub_replicas(None, 4, True, lambda: None)[0] == 1      # GPUs
     assert choose_sub_replicas(None, 1, False, lambda: None)[0] == 1
     assert choose_sub_replicas(None, 4, False, lambda: None, augments=True)[0] == 1
+    count, how = choose_sub_replicas(None, 4, False, lambda: None, prefers=False)
+    assert count == 1 and "without convolutions or attention" in how
+    assert choose_sub_replicas(2, 4, False, lambda: None, prefers=False)[0] == 2
+    assert prefers_sub_replicas(nn.Sequential(nn.Conv2d(1, 2, 3)))
+    assert prefers_sub_replicas(nn.TransformerEncoderLayer(8, 2))
+    assert not prefers_sub_replicas(nn.Sequential(nn.Embedding(5, 2), nn.Linear(2, 2)))
     with pytest.raises(InvalidArgumentError, match="sub_replicas=2: the model draws random"):
         choose_sub_replicas(2, 4, False, lambda: dropout)
     with pytest.raises(InvalidArgumentError, match="train_transform"):

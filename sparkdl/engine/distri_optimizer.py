@@ -67,7 +67,7 @@ from .run_context import RunContext, RunSettings
 from ..runners.interface import RunnerOptions
 from ..data.ragged import model_arguments
 from .summary import TrainingSummary
-from .task_parallelism import choose_sub_replicas, concurrency_hazard
+from .task_parallelism import choose_sub_replicas, concurrency_hazard, prefers_sub_replicas
 from .training_loop import TrainingLoop, needs_closure
 from .validation import Validation
 
@@ -166,11 +166,12 @@ class DistriOptimizer:
             ``model(*inputs)`` in validation; the metrics read its output.
         sub_replicas: how a task with several cores (``spark.task.cpus``) uses them: ``None``
             (default) runs that many sub-replicas of the model in threads, each on a contiguous
-            part of the task's share, summed inside the task in a fixed order, unless the model
-            draws random numbers or changes buffers in training or the run augments (then, and
-            with one core per task or with GPUs, one replica with intra-op threads); ``1``:
-            one replica with intra-op threads; ``k``: ``k`` sub-replicas (an error for a model
-            that cannot). Exact either way (:mod:`sparkdl.engine.task_parallelism`).
+            part of the task's share, summed inside the task in a fixed order, for models with
+            convolutions or attention that neither draw random numbers nor change buffers in
+            training, without ``train_transform``; otherwise (and with one core per task or
+            GPUs) one replica with intra-op threads; ``1``: always the latter; ``k``: ``k``
+            sub-replicas (an error for a model that cannot). Exact either way
+            (:mod:`sparkdl.engine.task_parallelism`).
         exchange_dir: for the DataFrame runner that the estimators use under Spark Connect
             (:mod:`sparkdl.runners.connect_dataframe`): where weights above
             :data:`sparkdl.executor.exchange.CLOSURE_MAX_BYTES` travel; unused by RDD runs.
@@ -564,7 +565,8 @@ class DistriOptimizer:
             sub_replicas, cores_use = choose_sub_replicas(
                 self.sub_replicas, runner.task_cores(),
                 self.settings.runner_options.device == "cuda" or runner.schedules_gpus(),
-                lambda: self._concurrency_hazard(), self.train_transform is not None)
+                lambda: self._concurrency_hazard(), self.train_transform is not None,
+                prefers_sub_replicas(self.model))
             settings = dataclasses.replace(self.settings, sub_replicas=sub_replicas)
             ctx = RunContext(settings, self.model, self.criterion, self.reduction,
                              self.optimizer, self.lr_scheduler, self.layout, self.end_trigger,

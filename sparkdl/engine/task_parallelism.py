@@ -5,9 +5,12 @@ The choice is made once per run, before any gradient job, and never depends on w
 runs or how long it takes, so a retried or moved task computes bitwise the same vector:
 
 * ``sub_replicas=None`` (the default): with tasks of ``c > 1`` cores (``spark.task.cpus``) on
-  CPU executors, ``c`` sub-replicas, unless the model draws random numbers (dropout) or changes
-  buffers (BatchNorm) in a training step, or the run augments its batches: then one replica
-  with ``c`` intra-op threads. One core per task, or GPUs: one replica.
+  CPU executors, ``c`` sub-replicas for the model kinds that gain from them
+  (:func:`prefers_sub_replicas`: convolutions and attention, measured by
+  ``bench/task_aggregation.py``), unless the model draws random numbers (dropout) or changes
+  buffers (BatchNorm) in a training step, or the run augments its batches; otherwise one
+  replica with ``c`` intra-op threads (MLPs and embedding models, whose large matrix products
+  already keep the cores busy). One core per task, or GPUs: one replica.
 * ``sub_replicas=1``: one replica with the task's cores as intra-op threads.
 * ``sub_replicas=k > 1``: ``k`` sub-replicas; a model that cannot run so is an error here.
 
@@ -29,7 +32,20 @@ from ..executor.replicas import set_training_modes, training_modes
 from ..training_step import step_loss_terms
 from .rng_isolation import private_torch_rng
 
-__all__ = ["choose_sub_replicas", "concurrency_hazard"]
+__all__ = ["choose_sub_replicas", "concurrency_hazard", "prefers_sub_replicas"]
+
+_CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
+                 nn.ConvTranspose3d, nn.MultiheadAttention)
+
+
+def prefers_sub_replicas(model: nn.Module) -> bool:
+    """Whether ``model`` is of a kind that computes faster on sub-replicas than with intra-op
+    threads: it has convolutions or attention (torch's modules, or a module whose class name
+    says ``Conv`` or ``Attention``, as Hugging Face's do). Measured on 2 cores
+    (``bench/task_aggregation.py``): LeNet-5 and a small transformer encoder 6-27% faster on
+    sub-replicas; MLPs 17-40% slower; an embedding-bag recommender even."""
+    return any(isinstance(m, _CONVOLUTIONS) or "Conv" in type(m).__name__
+               or "Attention" in type(m).__name__ for m in model.modules())
 
 
 def concurrency_hazard(model: nn.Module, criterion: Any, training_step: Any,
@@ -60,15 +76,19 @@ def concurrency_hazard(model: nn.Module, criterion: Any, training_step: Any,
 
 
 def choose_sub_replicas(requested: int | None, task_cores: int, gpus: bool,
-                        hazard: Callable[[], str | None], augments: bool = False
-                        ) -> tuple[int, str]:
+                        hazard: Callable[[], str | None], augments: bool = False,
+                        prefers: bool = True) -> tuple[int, str]:
     """``(sub-replicas per task, how the tasks use their cores)`` (see the module docstring).
     ``hazard()`` is :func:`concurrency_hazard` on the run's model; ``gpus``: the cluster
-    schedules GPUs to the tasks; ``augments``: the run has a ``train_transform``."""
+    schedules GPUs to the tasks; ``augments``: the run has a ``train_transform``; ``prefers``:
+    :func:`prefers_sub_replicas` of the model."""
     threads = f"one replica per task with {task_cores} intra-op thread" + \
         ("s" if task_cores > 1 else "")
     if requested == 1 or (requested is None and (task_cores <= 1 or gpus)):
         return 1, threads
+    if requested is None and not prefers:
+        return 1, f"{threads} (faster than sub-replicas for models without convolutions or " \
+            "attention; subReplicas / sub_replicas asks for them)"
     if augments:
         if requested is None:
             return 1, f"{threads} (train_transform draws per task, not per sub-replica)"
