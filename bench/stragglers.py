@@ -13,6 +13,7 @@ are bitwise those of the run without a slow executor::
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import re
 import statistics
@@ -23,7 +24,7 @@ from pathlib import Path
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
-import conftest  # noqa: E402,F401  (executors import tests/; loopback only)
+importlib.import_module("conftest")   # executors import tests/; loopback only
 from models import bitwise_equal  # noqa: E402
 from test_stragglers import copies_started, run_with_slow_executor, train_seconds  # noqa: E402
 
