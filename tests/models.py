@@ -118,6 +118,29 @@ def max_abs_diff(a: nn.Module, b: nn.Module) -> float:
     return max(float((sa[k].double() - sb[k].double()).abs().max()) for k in sa)
 
 
+class JobCounter:
+    """Counts the Spark jobs this thread starts inside a ``with`` block, through a job group of
+    its own (the status tracker's list of all jobs drops the oldest past
+    ``spark.ui.retainedJobs``, so differences of its length break in a long session)."""
+
+    def __init__(self, sc: Any) -> None:
+        import uuid
+
+        self.sc, self.group = sc, f"sparkdl-test-{uuid.uuid4().hex}"
+
+    def __enter__(self) -> "JobCounter":
+        self.sc.setJobGroup(self.group, "jobs counted by a test")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
+            self.sc.setLocalProperty(key, None)
+
+    @property
+    def count(self) -> int:
+        return len(self.sc.statusTracker().getJobIdsForGroup(self.group))
+
+
 def bitwise_equal(a: nn.Module, b: nn.Module) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from models import SmallNet, bitwise_equal, classification_data, make_rdd, max_abs_diff
+from models import (JobCounter, SmallNet, bitwise_equal, classification_data, make_rdd,
+                    max_abs_diff)
 from sparkdl import BatchPlan, DistriOptimizer, InvalidArgumentError
 from sparkdl.engine.loss_scaling import LossScaler
 from sparkdl.executor.devices import DeviceError, choose_device
@@ -88,11 +89,11 @@ def _engine(sc, **kwargs):
 
 
 def test_cuda_without_gpu_scheduling_fails_before_any_job(sc):
-    jobs = len(sc.statusTracker().getJobIdsForGroup())
-    with pytest.raises(InvalidArgumentError, match=r"device='cuda' needs GPUs scheduled to the "
-                                                   r"tasks.*spark\.executor\.resource\.gpu\.amount"):
+    with JobCounter(sc) as jobs, pytest.raises(
+            InvalidArgumentError, match=r"device='cuda' needs GPUs scheduled to the "
+                                        r"tasks.*spark\.executor\.resource\.gpu\.amount"):
         _engine(sc, device="cuda").optimize()
-    assert len(sc.statusTracker().getJobIdsForGroup()) == jobs
+    assert jobs.count == 0
     with pytest.raises(InvalidArgumentError, match=r"'device' argument of DistriOptimizer must "
                                                    r"be 'auto', 'cpu' or 'cuda'"):
         _engine(sc, device="gpu")

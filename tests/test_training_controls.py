@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from models import SmallNet, make_rdd, max_abs_diff
+from models import JobCounter, SmallNet, make_rdd, max_abs_diff
 from sparkdl import BatchPlan, DistriOptimizer, InvalidArgumentError, Loss, Top1Accuracy
 from sparkdl.triggers import (EarlyStopping, MaxEpoch, MaxIteration, MaxScore, MinLoss,
                               SeveralIteration, TrainingState, TriggerAnd, TriggerOr)
@@ -149,14 +149,14 @@ def _bad(sc, change):
     net = SmallNet()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     before = copy.deepcopy(net.state_dict()), copy.deepcopy(optimizer.state_dict())
-    jobs = len(sc.statusTracker().getJobIdsForGroup())
     opt = None
-    try:
-        opt = change(net, rdd, optimizer)
-    finally:
-        assert all(torch.equal(v, net.state_dict()[k]) for k, v in before[0].items())
-        assert optimizer.state_dict() == before[1]
-        assert len(sc.statusTracker().getJobIdsForGroup()) == jobs      # no Spark job ran
+    with JobCounter(sc) as jobs:
+        try:
+            opt = change(net, rdd, optimizer)
+        finally:
+            assert all(torch.equal(v, net.state_dict()[k]) for k, v in before[0].items())
+            assert optimizer.state_dict() == before[1]
+            assert jobs.count == 0      # no Spark job ran
     return opt
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models import bitwise_equal, classification_data, make_rdd, max_abs_diff
+from models import JobCounter, bitwise_equal, classification_data, make_rdd, max_abs_diff
 from sparkdl import (BatchPlan, DistriOptimizer, InvalidArgumentError, Loss,
                      ModelCriterionMismatchError, NNClassifier, Top1Accuracy, TrainingStepError)
 from sparkdl.adapters import huggingface_step, lightning_arguments
@@ -244,15 +244,14 @@ def _jobs_until_refused(sc, error, message, **arguments):
     x, y = classification_data(40, d=6, seed=1)
     net = WithHidden()
     before = copy.deepcopy(net.state_dict())
-    jobs = len(sc.statusTracker().getJobIdsForGroup())
     opt = DistriOptimizer(net, make_rdd(sc, list(zip(x, y)), [20, 20]),
                           optimizer=torch.optim.SGD(net.parameters(), lr=0.1), batch_size=8,
                           end_trigger=MaxIteration(2), progress_bar=False, **arguments)
-    with pytest.raises(error, match=message):
+    with JobCounter(sc) as jobs, pytest.raises(error, match=message):
         opt.optimize()
     assert all(torch.equal(v, net.state_dict()[k]) for k, v in before.items())
     assert not opt.summary.iterations                       # no iteration ran
-    return len(sc.statusTracker().getJobIdsForGroup()) - jobs
+    return jobs.count
 
 
 def _refused(sc, step, message):
