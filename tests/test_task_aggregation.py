@@ -8,6 +8,7 @@ choice falls back to one replica for models that draw random numbers or change b
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from torch import nn
 
 import multicore_job
 from models import (BatchNormNet, DropoutNet, bitwise_equal, classification_data, max_abs_diff,
-                    reference_train)
+                    reference_train, split_sizes)
 from sparkdl import DistriOptimizer
 from sparkdl.data.batch_plan import BatchPlan
 from sparkdl.engine.task_parallelism import (choose_sub_replicas, concurrency_hazard,
@@ -33,11 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _partitions(x, y, sizes):
-    out, start = [], 0
-    for n in sizes:
-        out.append([(x[i], y[i]) for i in range(start, start + n)])
-        start += n
-    return out
+    return [list(zip(x[lo:hi], y[lo:hi])) for lo, hi in split_sizes(len(x), sizes)]
 
 
 def test_sub_shares_are_contiguous_and_fixed():
@@ -57,7 +54,7 @@ def test_sub_replicas_match_single_process_torch(micro):
     criterion = nn.CrossEntropyLoss(ignore_index=-100)
 
     def train(sub):
-        model = _copy(net)
+        model = copy.deepcopy(net)
         opt = DistriOptimizer(model, LocalPartitions(_partitions(x, y, sizes)), criterion,
                               torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                               batch_size=29, end_trigger=MaxIteration(12), seed=2,
@@ -70,12 +67,6 @@ def test_sub_replicas_match_single_process_torch(micro):
                                 BatchPlan(sizes, 29, 2), 12)
     assert max_abs_diff(three, reference) <= 1e-5
     assert bitwise_equal(three, again)
-
-
-def _copy(model):
-    import copy
-
-    return copy.deepcopy(model)
 
 
 def test_models_that_cannot_run_concurrently_are_named(caplog):

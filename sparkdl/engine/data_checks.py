@@ -31,7 +31,7 @@ from ..executor.shard_store import ShardSummary
 from ..executor.step import as_model_input
 from .rng_isolation import private_torch_rng
 
-__all__ = ["DataSpec", "summarize", "dry_run"]
+__all__ = ["DataSpec", "summarize", "dry_run", "sample_batch"]
 
 _SAME_SHAPE_CRITERIA = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss,
                         nn.BCELoss, nn.BCEWithLogitsLoss)
@@ -170,14 +170,20 @@ def _try_training_step(probe: nn.Module, step: Any, inputs: list[torch.Tensor],
         probe.eval()
 
 
+def sample_batch(spec: DataSpec, dtype: torch.dtype | None, arguments: Any = None
+                 ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The data's sample rows as the model takes them: ``(inputs, target)`` (floating values
+    in ``dtype``; ``arguments`` turns the stored features into model arguments)."""
+    args = (arguments(list(spec.sample_features)) if arguments is not None
+            else model_arguments(spec.sample_features))
+    return [as_model_input(f, dtype) for f in args], as_model_input(spec.sample_labels, dtype)
+
+
 def _dry_run(probe: nn.Module, criterion: Any, spec: DataSpec, what: str,
              metrics: Sequence[Any], dtype: torch.dtype | None, arguments: Any,
              steps: tuple[Any, Any] = (None, None), prediction: bool = False) -> None:
 
-    args = (arguments(list(spec.sample_features)) if arguments is not None
-            else model_arguments(spec.sample_features))
-    inputs = [as_model_input(f, dtype) for f in args]
-    target = as_model_input(spec.sample_labels, dtype)
+    inputs, target = sample_batch(spec, dtype, arguments)
     shapes = ", ".join(f"{tuple(x.shape)} {x.dtype}" for x in inputs)
     training_step, validation_step = steps
     if training_step is not None:

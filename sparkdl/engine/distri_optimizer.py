@@ -46,7 +46,6 @@ from ..data.batch_plan import BatchPlan
 from ..errors import CheckpointError, InvalidArgumentError
 from ..executor.devices import DEVICES
 from ..executor.replicas import ReplicaSpec
-from ..executor.step import as_model_input
 from ..metrics import ValidationMetric
 from ..storage.checkpoint_store import CheckpointStore
 from ..transport.codecs import COMPRESSIONS
@@ -61,7 +60,7 @@ from .fit_identity import data_digest, fit_identity, identity_directory
 from .loss_scaling import PRECISIONS, LossScaler
 from .mlflow_tracking import (FINISH_TIMEOUT_S, FLUSH_INTERVAL_S, MlflowSetup, MlflowTracker,
                               active_run_id, check_mlflow, engine_params)
-from .data_checks import DataSpec, dry_run, summarize
+from .data_checks import DataSpec, dry_run, sample_batch, summarize
 from .progress import check_tensorboard
 from .run_context import RunContext, RunSettings
 from ..runners.interface import RunnerOptions
@@ -305,10 +304,8 @@ class DistriOptimizer:
         """Why sub-replicas cannot train this model exactly (None: they can), tried on the
         training rows the dry run used."""
         assert self.data_spec is not None
-        dtype = self.layout.param_dtype
-        inputs = [as_model_input(f, dtype)
-                  for f in self._model_arguments(list(self.data_spec.sample_features))]
-        target = as_model_input(self.data_spec.sample_labels, dtype)
+        inputs, target = sample_batch(self.data_spec, self.layout.param_dtype,
+                                      self._model_arguments)
         return concurrency_hazard(self.model, self.criterion, self.training_step, inputs, target)
 
     def _model_arguments(self, features: list[Any]) -> list[Any]:

@@ -182,27 +182,23 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
     torch.manual_seed(task_seed(step.seed, step.iteration, partition))
     start = int(step.starts[partition])
     indices = shard.permutation(step.seed, step.epoch, partition, step.shuffle)[start:start + count]
-    if step.sub_replicas <= 1:
-        vector, report.grad_present, report.loss, report.normaliser, report.buffers = \
-            _share_gradient(step, partition, shard, replica_of(0), indices, weights)
-    else:
-        parts = [(s, part) for s, part in enumerate(sub_shares(indices, step.sub_replicas))
-                 if len(part)]
-        results = run_sub_replicas([
-            (lambda s=s, part=part: _share_gradient(step, partition, shard, replica_of(s), part,
-                                                    weights)) for s, part in parts])
-        vector, present, loss, normaliser, _ = results[0]
-        for more, more_present, more_loss, more_normaliser, _ in results[1:]:
-            vector += more                                   # in sub-replica order
-            present = np.maximum(present, more_present)
-            loss, normaliser = loss + more_loss, normaliser + more_normaliser
-        changed = [s for (s, _), result in zip(parts, results) if result[4]]
-        if changed:
-            raise InvalidArgumentError(
-                f"Sub-replica {changed[0]} of partition {partition} changed buffers of the "
-                "model (BatchNorm statistics, say): sub-replicas cannot combine buffers. Use "
-                "sub_replicas=1 (subReplicas=1): one replica with intra-op threads.")
-        report.grad_present, report.loss, report.normaliser = present, loss, normaliser
+    parts = [(s, part) for s, part in enumerate(sub_shares(indices, step.sub_replicas))
+             if len(part)]                    # one part, the whole share, without sub-replicas
+    results = run_sub_replicas([
+        (lambda s=s, part=part: _share_gradient(step, partition, shard, replica_of(s), part,
+                                                weights)) for s, part in parts])
+    vector, present, loss, normaliser, report.buffers = results[0]
+    for more, more_present, more_loss, more_normaliser, _ in results[1:]:
+        vector += more                                       # in sub-replica order
+        present = np.maximum(present, more_present)
+        loss, normaliser = loss + more_loss, normaliser + more_normaliser
+    changed = [s for (s, _), result in zip(parts, results) if result[4]]
+    if len(parts) > 1 and changed:
+        raise InvalidArgumentError(
+            f"Sub-replica {changed[0]} of partition {partition} changed buffers of the "
+            "model (BatchNorm statistics, say): sub-replicas cannot combine buffers. Use "
+            "sub_replicas=1 (subReplicas=1): one replica with intra-op threads.")
+    report.grad_present, report.loss, report.normaliser = present, loss, normaliser
     report.compute_s = time.perf_counter() - t0
     report.rss_bytes = current_rss_bytes()
     report.finished_at = time.time()

@@ -96,8 +96,7 @@ class SparkRddRunner:
             return None
         from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
 
-        cpus = int(self._conf("spark.task.cpus") or 1)
-        requests = TaskResourceRequests().cpus(cpus).resource("gpu", 1.0)
+        requests = TaskResourceRequests().cpus(self.task_cores()).resource("gpu", 1.0)
         log.info("the gradient and validation stages ask for 1 GPU per task through a task "
                  "resource profile (spark.task.resource.gpu.amount is not set)")
         return ResourceProfileBuilder().require(requests).build
