@@ -2,6 +2,12 @@
 
     python bench/compare_runners.py                       # W1 W2 W3, all runners, 3 rounds
     python bench/compare_runners.py --workloads W3 --runners sparkdl single --rounds 1
+    python bench/compare_runners.py --cold --workloads W2 --runners sparkdl single torchdistributor
+    python bench/compare_runners.py --warm-iterations 500 --rounds 1     # steady state
+
+Cold: nothing runs before the timed runs (run one process per workload: what a fresh
+spark-submit sees). Otherwise two short sparkdl runs (and ``--warm-iterations`` W1 iterations)
+warm the session up first.
 
 Workloads (../shared/docs/benchmarks.md): W1 MLP 784-256-10 at batch 256, W2 LeNet-5 at batch
 1024 (and W2-8192 at batch 8192), W3 MLP 784-4096-4096-10 at batch 128; 8192 synthetic
@@ -339,6 +345,12 @@ def main() -> None:
     p.add_argument("--master", default="local[2]")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="extra Spark setting for the session (repeatable)")
+    p.add_argument("--cold", action="store_true",
+                   help="no warm-up before the timed runs: what a fresh spark-submit sees (run "
+                        "one process per runner and workload for the cold figures)")
+    p.add_argument("--warm-iterations", type=int, default=0,
+                   help="train this many W1 iterations with sparkdl before anything is timed "
+                        "(steady state: 500)")
     args = p.parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -353,19 +365,26 @@ def main() -> None:
     # The floor on clean workers, before torch enters them (a reused PySpark worker runs a full
     # gc.collect() after every task, which costs ~60 ms more once torch is imported; sparkdl
     # freezes its long-lived objects out of it, the bare floor jobs later in the session cannot).
-    spark_floor(sc, 4, repeats=40)                  # Spark's JVM is slow for its first jobs
-    clean_floors = {wname: spark_floor(sc, WORKLOADS[wname].gradient_bytes())
-                    for wname in args.workloads}
+    if not args.cold:
+        spark_floor(sc, 4, repeats=40)              # Spark's JVM is slow for its first jobs
+    clean_floors = {} if args.cold else {
+        wname: spark_floor(sc, WORKLOADS[wname].gradient_bytes()) for wname in args.workloads}
     # warm up sparkdl before anything is timed.
     warm = WORKLOADS["W1"]
-    for _ in range(2):
+    for _ in range(0 if args.cold else 2):
         run_sparkdl(Workload("warm", warm.sizes, warm.batch, 20, 1), x, y, sc=sc)
+    if args.warm_iterations:
+        t0 = time.perf_counter()
+        train_sparkdl(warm, x, y, sc, args.warm_iterations)
+        print(f"{args.warm_iterations} warm-up iterations of W1 in "
+              f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     results: dict[tuple[str, str], list[Result]] = {}
     floors: dict[str, list[tuple[float, float]]] = {}
     for r in range(args.rounds):
         for wname in args.workloads:
             w = WORKLOADS[wname]
-            floors.setdefault(wname, []).append(spark_floor(sc, w.gradient_bytes()))
+            if not args.cold:       # cold: the floor jobs come after, not to warm the JVM
+                floors.setdefault(wname, []).append(spark_floor(sc, w.gradient_bytes()))
             for runner in args.runners:
                 if runner == "naive" and wname == "W2-8192":
                     continue
@@ -382,6 +401,10 @@ def main() -> None:
                 print(f"round {r + 1} {wname:8s} {runner:17s} {res.samples_per_s:10,.0f} "
                       f"samples/s  loss {res.first_loss:.5f} -> {res.final_loss:.5f}  "
                       f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+    if args.cold:
+        for wname in args.workloads:
+            floors[wname] = [spark_floor(sc, WORKLOADS[wname].gradient_bytes())]
+            clean_floors[wname] = floors[wname][0]
     report(args, results, floors, clean_floors)
     spark.stop()
 
@@ -390,7 +413,9 @@ def report(args: Any, results: dict[tuple[str, str], list[Result]],
            floors: dict[str, list[tuple[float, float]]],
            clean_floors: dict[str, tuple[float, float]]) -> None:
     print(f"\n{args.rounds} round(s), medians; {args.master}; data {SAMPLES} samples in "
-          f"{PARTITIONS} partitions\n")
+          f"{PARTITIONS} partitions; "
+          + ("cold (no warm-up)" if args.cold else
+             f"warm-up: 2 short runs + {args.warm_iterations} W1 iterations") + "\n")
     print("| workload | runner | samples/s | x single | x TorchDistributor | first loss | "
           "final loss | driver RSS MiB | worker RSS MiB |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")

@@ -5,6 +5,11 @@
 - ``spark.python.unix.domain.socket.enabled=true``: the JVM talks to Python workers over a
   Unix socket; over loopback TCP each task waited ~40 ms for its first input bytes (Nagle /
   delayed ACK), once per task and so several times per iteration.
+- ``spark.task.maxDirectResultSize=64m``: a task result above Spark's 1 MiB default is put in
+  the executor's block manager and fetched from there by the driver, an extra store and read of
+  every summed gradient block; up to 64 MiB (under the 128 MiB RPC message limit) it travels in
+  the task's status message. Measured with ``bench/bytes_path.py`` on local[2]: the 76 MiB
+  gradient's reducers-to-driver hop fell from 328 to 260 ms (bench/RESULTS.md).
 - ``spark.ui.showConsoleProgress=false``: Spark's stage bar would fight sparkdl's own progress
   bar for the terminal line.
 
@@ -25,6 +30,7 @@ __all__ = ["RECOMMENDED_CONF", "spark_session"]
 
 RECOMMENDED_CONF: dict[str, str] = {
     "spark.python.unix.domain.socket.enabled": "true",
+    "spark.task.maxDirectResultSize": "64m",
     "spark.ui.showConsoleProgress": "false",
 }
 

@@ -10,7 +10,8 @@ import torch
 
 from models import BatchNormNet, SmallNet, bitwise_equal, classification_data, make_rdd
 from sparkdl import DistriOptimizer, InvalidArgumentError
-from sparkdl.transport.allreduce import DRIVER_ALLREDUCE_MAX_BYTES, choose_allreduce
+from sparkdl.transport.allreduce import DRIVER_ALLREDUCE_MAX_BYTES, choose_allreduce, sum_in_order
+from sparkdl.transport.flat_layout import ParamLayout
 from sparkdl.triggers import MaxIteration
 from sparkdl.transport.codecs import Bf16Codec, ExactCodec
 
@@ -228,3 +229,76 @@ def test_connect_shuffle_blocks_after_a_miss_finish_on_the_client_bitwise(codec_
     done = runner._complete(first, filled)
     assert done.missing_partitions == [] and len(done.reports) == n
     assert np.array_equal(done.vector, undisturbed.vector)
+
+
+def test_collected_messages_are_read_straight_into_their_destinations(sc):
+    from sparkdl.transport import frames as spark_frames
+
+    n = 70_000                      # several socket reads per payload, split into 3 frames
+
+    def emit(partition, records):
+        list(records)
+        data = np.arange(n, dtype=np.float32) * (partition + 1)
+        frames = list(spark_frames.buffer_frames(data))
+        step = -(-len(frames[0]) // 3)
+        split = [frames[0][lo:lo + step] for lo in range(0, len(frames[0]), step)]
+        yield spark_frames.header(((partition, "into"), len(split)))
+        yield from split
+        yield from spark_frames.message_frames((partition, "bytes"), data[:5])
+        yield from spark_frames.message_frames((partition, "none"), None)
+
+    rdd = spark_frames.raw_output(sc.parallelize(range(3), 3).mapPartitionsWithIndex(emit))
+    out = np.full(3 * n, -1.0, dtype=np.float32)
+    messages = spark_frames.collect_messages(
+        rdd, lambda head: out[head[0] * n:(head[0] + 1) * n] if head[1] == "into" else None)
+    assert [head for head, _ in messages] == [(p, kind) for p in range(3)
+                                               for kind in ("into", "bytes", "none")]
+    expected = np.concatenate([np.arange(n, dtype=np.float32) * (p + 1) for p in range(3)])
+    assert out.tobytes() == expected.tobytes()
+    for (p, kind), payload in messages:
+        if kind == "into":
+            assert np.shares_memory(payload, out)
+        elif kind == "bytes":
+            assert payload == (np.arange(5, dtype=np.float32) * (p + 1)).tobytes()
+        else:
+            assert payload is None
+    with pytest.raises(ValueError, match="longer than its destination"):
+        spark_frames.collect_messages(rdd, lambda head: np.zeros(10, np.float32)
+                                      if head[1] == "into" else None)
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 5])
+def test_sum_in_order_is_the_left_to_right_float_sum_and_a_new_vector(parts):
+    rng = np.random.default_rng(parts)
+    vectors = [rng.normal(size=1001).astype(np.float32) for _ in range(parts)]
+    codec = ExactCodec(np.dtype(np.float32))
+    payloads = [(p, codec.encode(v, 0)) for p, v in enumerate(vectors)]
+    expected = vectors[0].copy()
+    for v in vectors[1:]:
+        expected = expected + v                          # partition order, as torch would
+    total = sum_in_order(reversed(payloads + [(parts, None)]), codec, 0, 1001)
+    assert total.tobytes() == expected.tobytes()
+    assert not any(np.shares_memory(total, v) for v in vectors)
+    total += 1                                           # the sum is the caller's to change
+    assert sum_in_order(payloads, codec, 0, 1001).tobytes() == expected.tobytes()
+
+
+def test_summed_gradients_become_views_of_the_vector_and_a_step_matches_torch():
+    torch.manual_seed(0)
+    net, ref = SmallNet(), SmallNet()
+    ref.load_state_dict(net.state_dict())
+    layout = ParamLayout(net)
+    x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
+    torch.nn.functional.cross_entropy(ref(x), y).backward()
+    vector = np.concatenate([p.grad.reshape(-1).numpy() for p in ref.parameters()])
+    present = np.ones(len(layout.params), dtype=np.int64)
+    layout.set_grads(net, vector, present)
+    for p, q in zip(net.parameters(), ref.parameters()):
+        assert np.shares_memory(p.grad.numpy(), vector)          # no copy on the driver
+        assert torch.equal(p.grad, q.grad)
+    for model in (net, ref):
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9).step()
+    assert all(torch.equal(p, q) for p, q in zip(net.parameters(), ref.parameters()))
+    frozen = vector.copy()                                     # a read-only vector is copied
+    frozen.flags.writeable = False
+    layout.set_grads(net, frozen, present)
+    assert not np.shares_memory(next(net.parameters()).grad.numpy(), frozen)

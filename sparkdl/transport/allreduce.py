@@ -28,7 +28,8 @@ from pyspark import RDD
 
 from .codecs import ExactCodec, make_codec
 from .flat_layout import ParamLayout
-from .frames import keyed_frame, message_frames, raw_output, read_messages, shuffle_frames
+from .frames import (collect_messages, keyed_frame, message_frames, raw_output, read_messages,
+                     shuffle_frames)
 
 __all__ = ["AllReduceResult", "ShuffleAllReduce", "DriverAllReduce", "block_bounds",
            "choose_allreduce", "make_allreduce", "sum_in_order", "with_resources",
@@ -120,15 +121,18 @@ def sum_in_order(parts: Iterable[tuple[int, Any]], codec: Any, lo: int, length: 
     """The sum of the decoded payloads of ``(partition, payload)`` pairs, added in partition
     order (the order that makes every path bitwise equal); None payloads are skipped."""
     acc: np.ndarray | None = None
+    first: np.ndarray | None = None
     for _, payload in sorted(parts, key=lambda p: p[0]):
         if payload is None:
             continue
         arr = codec.decode(payload, lo, length)
-        if acc is None:
-            acc = arr.copy()
+        if first is None:
+            first = arr
+        elif acc is None:
+            acc = np.add(first, arr)        # one pass: the same sum as a copy of first + arr
         else:
             acc += arr
-    return acc
+    return acc if acc is not None or first is None else first.copy()
 
 
 class ShuffleAllReduce:
@@ -209,18 +213,18 @@ class ShuffleAllReduce:
             yield from message_frames(
                 (k, reports, time.perf_counter() - t0, started_at, time.time()), total)
 
-        frames = raw_output(self._shuffled.mapPartitionsWithIndex(reduce_side)).collect()
-        result = AllReduceResult(np.empty(self.size, dtype=self.dtype), submitted_at=submitted_at,
-                                 returned_at=time.time())
-        for (k, block_reports, seconds, started, finished), payload in read_messages(frames):
+        vector = np.empty(self.size, dtype=self.dtype)
+        messages = collect_messages(      # each block's sum read straight into its place
+            raw_output(self._shuffled.mapPartitionsWithIndex(reduce_side)),
+            lambda head: vector[bounds[head[0]]:bounds[head[0] + 1]])
+        result = AllReduceResult(vector, submitted_at=submitted_at, returned_at=time.time())
+        for (k, block_reports, seconds, started, finished), payload in messages:
             result.reports.extend(block_reports)
             result.reduce_s = max(result.reduce_s, seconds)
             result.reduce_started_at = max(result.reduce_started_at, started)
             result.reduce_finished_at = max(result.reduce_finished_at, finished)
             if payload is None:
                 result.vector = None
-            elif result.vector is not None:
-                result.vector[bounds[k]:bounds[k + 1]] = np.frombuffer(payload, dtype=self.dtype)
         result.reports.sort(key=lambda r: r.partition)
         return result
 

@@ -201,14 +201,20 @@ class ParamLayout:
     # --------------------------------------------------------------------- driver side
     def set_grads(self, model: nn.Module, vector: np.ndarray, present: np.ndarray) -> None:
         """``p.grad`` from the summed vector, cast to the parameter's dtype; None for every
-        parameter that no task gave a gradient (``present[k] == 0``)."""
+        parameter that no task gave a gradient (``present[k] == 0``).
+
+        Where no cast is needed the gradients are views into ``vector`` (no copy): the vector
+        then belongs to the model's ``.grad`` until the optimizer's ``zero_grad``."""
         tensors = dict(model.named_parameters())
+        if not vector.flags.writeable:
+            vector = vector.copy()
+        flat = torch.from_numpy(vector)
         for k, slot in enumerate(self.params):
             if not present[k]:
                 tensors[slot.name].grad = None
                 continue
-            g = torch.from_numpy(np.array(vector[slot.start:slot.stop], copy=True))
-            tensors[slot.name].grad = g.view(slot.shape).to(slot.dtype)
+            g = flat[slot.start:slot.stop].view(slot.shape)
+            tensors[slot.name].grad = g if g.dtype == slot.dtype else g.to(slot.dtype)
 
     def set_buffers(self, model: nn.Module, values: dict[int, torch.Tensor]) -> None:
         """Assign new values to the given buffers (in place)."""

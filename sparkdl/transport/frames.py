@@ -17,18 +17,22 @@ Example::
     shuffled = shuffle_frames(rdd.mapPartitionsWithIndex(emit), num_partitions)
     frames = raw_output(shuffled.mapPartitionsWithIndex(reduce)).collect()   # list of bytes
     for head, payload in read_messages(frames): ...
+    # or each payload read from the result socket straight into its place in a vector:
+    messages = collect_messages(raw_output(shuffled.mapPartitionsWithIndex(reduce)),
+                                lambda head: vector[lo(head):hi(head)])
 """
 
 from __future__ import annotations
 
 import pickle
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from pyspark import RDD
-from pyspark.serializers import NoOpSerializer, pack_long
+from pyspark.serializers import NoOpSerializer, SpecialLengths, pack_long, read_int
 
 __all__ = ["MAX_FRAME_BYTES", "raw_output", "shuffle_frames", "keyed_frame", "buffer_frames",
-           "header", "read_header", "join_frames", "message_frames", "read_messages"]
+           "header", "read_header", "join_frames", "message_frames", "read_messages",
+           "collect_messages"]
 
 MAX_FRAME_BYTES = 1 << 30
 """Largest frame written (PySpark refuses frames of 2 GiB or more); longer buffers are split."""
@@ -100,3 +104,62 @@ def read_messages(frames: Iterable[bytes]) -> Iterator[tuple[Any, bytes | None]]
         head, count = read_header(frame)
         payload = join_frames([next(stream) for _ in range(count)]) if count else None
         yield head, payload
+
+
+def _read_exactly(stream: Any, target: memoryview) -> None:
+    done = 0
+    while done < len(target):
+        n = stream.readinto(target[done:])
+        if not n:
+            raise EOFError("the driver's result stream ended inside a frame")
+        done += n
+
+
+def collect_messages(rdd: RDD, destination: Callable[[Any], Any]) -> list[tuple[Any, Any]]:
+    """Collect the messages a :func:`raw_output` RDD yields (:func:`message_frames`) to the
+    driver, reading each payload straight from the JVM's result socket into the writable buffer
+    ``destination(head)`` returns for it (one copy fewer than ``collect()``, which makes a
+    ``bytes`` object of every frame), or into a new ``bytes`` object where it returns None.
+
+    Returns ``(head, payload)`` per message in arrival order (partition order for ``collect``),
+    the payload being the destination buffer, the bytes, or None. Uses the same driver-side
+    internals as ``RDD.collect`` (``PythonRDD.collectAndServe`` and
+    ``pyspark.util.local_connect_and_auth``, alike from pyspark 4.1 to 4.3)."""
+    from pyspark.util import local_connect_and_auth
+
+    sock_info = rdd.ctx._jvm.PythonRDD.collectAndServe(rdd._jrdd.rdd())
+    stream, sock = local_connect_and_auth(sock_info[0], sock_info[1])
+    sock.settimeout(None)       # as collect(): the results may take any time to come
+    messages: list[tuple[Any, Any]] = []
+    try:
+        while True:
+            try:
+                length = read_int(stream)
+            except EOFError:            # the JVM closes the stream after the last element
+                return messages
+            if length == SpecialLengths.END_OF_DATA_SECTION:
+                return messages
+            head, count = read_header(stream.read(length))
+            if not count:
+                messages.append((head, None))
+                continue
+            target = destination(head)
+            view = None if target is None else memoryview(target).cast("B")
+            offset, frames = 0, []
+            for _ in range(count):
+                length = read_int(stream)
+                if view is None:
+                    frames.append(stream.read(length))
+                    continue
+                if offset + length > len(view):
+                    raise ValueError(f"a message of {head!r} is longer than its destination "
+                                     f"({len(view)} bytes)")
+                _read_exactly(stream, view[offset:offset + length])
+                offset += length
+            if view is not None and offset != len(view):
+                raise ValueError(f"a message of {head!r} filled {offset} of its destination's "
+                                 f"{len(view)} bytes")
+            messages.append((head, target if view is not None else join_frames(frames)))
+    finally:
+        stream.close()
+        sock.close()
