@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import numpy as np
@@ -262,9 +263,14 @@ def test_collected_messages_are_read_straight_into_their_destinations(sc):
             assert payload == (np.arange(5, dtype=np.float32) * (p + 1)).tobytes()
         else:
             assert payload is None
+
     with pytest.raises(ValueError, match="longer than its destination"):
         spark_frames.collect_messages(rdd, lambda head: np.zeros(10, np.float32)
                                       if head[1] == "into" else None)
+    again = spark_frames.collect_messages(rdd, lambda head: None)    # the session still works
+    assert [head for head, _ in again] == [head for head, _ in messages]
+    assert again[0][1] == expected[:n].tobytes()
+
 
 @pytest.mark.parametrize("parts", [1, 2, 3, 5])
 def test_sum_in_order_is_the_left_to_right_float_sum_and_a_new_vector(parts):
@@ -295,6 +301,16 @@ def test_summed_gradients_become_views_of_the_vector_and_a_step_matches_torch():
     for p, q in zip(net.parameters(), ref.parameters()):
         assert np.shares_memory(p.grad.numpy(), vector)          # no copy on the driver
         assert torch.equal(p.grad, q.grad)
+    absent = present.copy()
+    absent[0] = 0                                    # no task gave the first one a gradient
+    half = copy.deepcopy(net).to(torch.bfloat16)
+    half_layout = ParamLayout(half)
+    half_layout.set_grads(half, vector, absent)
+    grads = [p.grad for p in half.parameters()]
+    assert grads[0] is None
+    assert all(g.dtype == torch.bfloat16 for g in grads[1:])
+    assert all(torch.equal(g, q.grad.to(torch.bfloat16))
+               for g, q in zip(grads[1:], list(ref.parameters())[1:]))
     for model in (net, ref):
         torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9).step()
     assert all(torch.equal(p, q) for p, q in zip(net.parameters(), ref.parameters()))

@@ -106,6 +106,15 @@ def read_messages(frames: Iterable[bytes]) -> Iterator[tuple[Any, bytes | None]]
         yield head, payload
 
 
+def _read_bytes(stream: Any, length: int) -> bytes:
+    if length < 0:
+        raise EOFError(f"unexpected frame length {length} in the driver's result stream")
+    data = stream.read(length)
+    if len(data) < length:
+        raise EOFError("the driver's result stream ended inside a frame")
+    return data
+
+
 def _read_exactly(stream: Any, target: memoryview) -> None:
     done = 0
     while done < len(target):
@@ -125,9 +134,11 @@ def collect_messages(rdd: RDD, destination: Callable[[Any], Any]) -> list[tuple[
     the payload being the destination buffer, the bytes, or None. Uses the same driver-side
     internals as ``RDD.collect`` (``PythonRDD.collectAndServe`` and
     ``pyspark.util.local_connect_and_auth``, alike from pyspark 4.1 to 4.3)."""
+    from pyspark.traceback_utils import SCCallSiteSync
     from pyspark.util import local_connect_and_auth
 
-    sock_info = rdd.ctx._jvm.PythonRDD.collectAndServe(rdd._jrdd.rdd())
+    with SCCallSiteSync(rdd.ctx):     # the job named by the user's call site, as collect()
+        sock_info = rdd.ctx._jvm.PythonRDD.collectAndServe(rdd._jrdd.rdd())
     stream, sock = local_connect_and_auth(sock_info[0], sock_info[1])
     sock.settimeout(None)       # as collect(): the results may take any time to come
     messages: list[tuple[Any, Any]] = []
@@ -139,7 +150,7 @@ def collect_messages(rdd: RDD, destination: Callable[[Any], Any]) -> list[tuple[
                 return messages
             if length == SpecialLengths.END_OF_DATA_SECTION:
                 return messages
-            head, count = read_header(stream.read(length))
+            head, count = read_header(_read_bytes(stream, length))
             if not count:
                 messages.append((head, None))
                 continue
@@ -149,9 +160,9 @@ def collect_messages(rdd: RDD, destination: Callable[[Any], Any]) -> list[tuple[
             for _ in range(count):
                 length = read_int(stream)
                 if view is None:
-                    frames.append(stream.read(length))
+                    frames.append(_read_bytes(stream, length))
                     continue
-                if offset + length > len(view):
+                if length < 0 or offset + length > len(view):
                     raise ValueError(f"a message of {head!r} is longer than its destination "
                                      f"({len(view)} bytes)")
                 _read_exactly(stream, view[offset:offset + length])
