@@ -20,8 +20,8 @@ Two kinds of hop, in the order an iteration takes them:
   ``V`` bytes of parameters: the driver's model into the state vector, the state vector into a
   replica, the task's ``.grad`` into its flat vector, the driver's summed vector into ``.grad``.
 
-Each figure is a median over ``--repeats`` iterations after two warm-up iterations (and
-``--warmup-jobs`` trivial jobs before the first size), in ms, beside the bytes that cross the hop
+Each figure is a median over ``--repeats`` iterations after warm-up ones (two for the Spark
+hops, five for the layout hops; and ``--warmup-jobs`` trivial jobs before the first size), in ms, beside the bytes that cross the hop
 per iteration and the vector-sized copies it makes (by the code path, listed in ``COPIES``).
 """
 
@@ -249,8 +249,8 @@ def main() -> None:
         n = int(mib * 2**20 / 4)
         results[mib] = {**layout_hops(n, args.repeats), **spark_hops(sc, n, args.repeats)}
         print(f"{mib:g} MiB done", file=sys.stderr, flush=True)
-    print(f"master {args.master}, {args.warmup_jobs} warm-up jobs, settings {args.conf or 'default'}, P = {PARTITIONS} tasks, "
-          f"median of {args.repeats}, ms")
+    print(f"master {args.master}, {args.warmup_jobs} warm-up jobs, settings "
+          f"{args.conf or 'default'}, P = {PARTITIONS} tasks, median of {args.repeats}, ms")
     print("| hop | bytes per iteration | vector copies | "
           + " | ".join(f"{m:g} MiB" for m in args.mib) + " |")
     print("|---|---|---|" + "---:|" * len(args.mib))

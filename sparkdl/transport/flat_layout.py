@@ -213,8 +213,8 @@ class ParamLayout:
             if not present[k]:
                 tensors[slot.name].grad = None
                 continue
-            g = flat[slot.start:slot.stop].view(slot.shape)
-            tensors[slot.name].grad = g if g.dtype == slot.dtype else g.to(slot.dtype)
+            # .to() returns the view itself when the dtype already matches
+            tensors[slot.name].grad = flat[slot.start:slot.stop].view(slot.shape).to(slot.dtype)
 
     def set_buffers(self, model: nn.Module, values: dict[int, torch.Tensor]) -> None:
         """Assign new values to the given buffers (in place)."""
