@@ -5,7 +5,7 @@
                           [--allreduce auto|shuffle|driver] [--validation] [--sizes N,N,..]
                           [--locality-wait 0] [--slow-partition P] [--encrypt-io]
                           [--scan-local-dir DIR] [--slow-executor WORKER_DIR]
-                          [--conf KEY=VALUE ...]
+                          [--warm-executors N] [--conf KEY=VALUE ...]
 
 Prints the number of executors, the number of finished iterations, and saves the trained
 state_dict. Used by the tests that need a master other than the session's local[2], faults, or a
@@ -44,6 +44,32 @@ def executor_dirs(sc):
     width = 2 * max(2, sc.defaultParallelism)
     return sorted({d for ds in sc.parallelize(range(width), width).map(where).collect()
                    for d in ds})
+
+
+def warm_executors(sc, count: int, timeout: float = 120) -> None:
+    """Wait until ``count`` executors have registered, then run one task on each that imports
+    torch and sparkdl, so that no later task pays a cold Python worker. With speculation on, a
+    first task that takes seconds to import torch gets a copy on a warm executor; a copy that wins
+    the shard build moves that shard (and its training tasks) to the other executor."""
+    deadline = time.time() + timeout
+    while sc._jsc.sc().getExecutorMemoryStatus().size() - 1 < count:
+        if time.time() > deadline:
+            raise RuntimeError(f"fewer than {count} executors registered in {timeout:.0f} s")
+        time.sleep(0.2)
+
+    def load(_):
+        import sparkdl  # noqa: F401
+        import torch  # noqa: F401
+
+        time.sleep(1.0)     # each task holds its executor's one core: the next goes elsewhere
+        return [os.getcwd()]
+
+    dirs: set[str] = set()
+    for _ in range(3):    # a speculative copy may win a round on the other executor
+        dirs |= set(sc.parallelize(range(count), count).mapPartitions(load).collect())
+        if len(dirs) >= count:
+            return
+    raise RuntimeError(f"the warm-up ran on {len(dirs)} of {count} executors: {sorted(dirs)}")
 
 
 def files_containing(dirs, patterns):
@@ -122,6 +148,8 @@ def main() -> None:
                    "directory (a standalone worker's --work-dir name) take 1.5 s more")
     p.add_argument("--encrypt-io", action="store_true", help="spark.io.encryption.enabled")
     p.add_argument("--conf", action="append", default=[], help="KEY=VALUE, a Spark setting")
+    p.add_argument("--warm-executors", type=int, help="wait for this many executors and "
+                   "import torch and sparkdl on each before training")
     p.add_argument("--scan-local-dir", help="spark.local.dir; during training, the executors' "
                    "directories and this one are searched for the training data's bytes")
     args = p.parse_args()
@@ -148,6 +176,8 @@ def main() -> None:
     spark = builder.getOrCreate()
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")
+    if args.warm_executors:
+        warm_executors(sc, args.warm_executors)
     criterion = FaultInjectingLoss(args.fault, args.marker) if args.fault else None
     if args.slow_partition is not None:
         criterion = SlowPartitionLoss(args.slow_partition)

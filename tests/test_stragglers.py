@@ -60,6 +60,7 @@ def run_with_slow_executor(tmp_path, speculation: bool, slow: bool = True
         proc = subprocess.run(
             [sys.executable, os.path.join(HERE, "cluster_job.py"), cluster.url, str(out),
              "--iterations", str(ITERATIONS), "--sizes", ",".join(map(str, SIZES)),
+             "--warm-executors", "2",
              *(["--slow-executor", "worker1"] if slow else []), *confs],
             capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     finally:
