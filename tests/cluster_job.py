@@ -58,9 +58,10 @@ def warm_executors(sc, count: int, timeout: float = 120) -> None:
         time.sleep(0.2)
 
     def load(_):
-        import sparkdl  # noqa: F401
-        import torch  # noqa: F401
+        import importlib
 
+        for module in ("torch", "sparkdl"):
+            importlib.import_module(module)
         time.sleep(1.0)     # each task holds its executor's one core: the next goes elsewhere
         return [os.getcwd()]
 
