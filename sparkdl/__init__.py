@@ -19,6 +19,7 @@ from .errors import (CheckpointError, InvalidArgumentError, ModelCriterionMismat
                      NonFiniteError, SparkdlError, TrainingDataError, TrainingStepError)
 from .data.batch_plan import BatchPlan
 from .engine.distri_optimizer import DistriOptimizer
+from .engine.optimizer_sequence import OptimizerSequence, SchedulerSequence
 from .engine.summary import TrainingSummary
 from .metrics import MAE, Loss, Top1Accuracy, ValidationMetric
 from .ml.estimators import NNClassifier, NNClassifierModel, NNEstimator, NNModel
@@ -27,6 +28,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DistriOptimizer",
+    "OptimizerSequence",
+    "SchedulerSequence",
     "BatchPlan",
     "NNEstimator",
     "NNModel",

@@ -17,6 +17,7 @@ from torch import nn
 
 from ..argument_checks import argument_error
 from ..errors import InvalidArgumentError
+from .optimizer_sequence import SchedulerSequence
 
 __all__ = ["check_training_data", "check_criterion", "check_steps", "check_optimizer", "check_lr_scheduler",
            "scheduler_needs_metric"]
@@ -111,6 +112,8 @@ def scheduler_needs_metric(scheduler: Any) -> bool:
     """True for LR schedulers whose ``step`` takes a metric (``ReduceLROnPlateau``)."""
     if scheduler is None:
         return False
+    if isinstance(scheduler, SchedulerSequence):
+        return any(scheduler_needs_metric(s) for s in scheduler.schedulers)
     return (isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
             or bool(_required_step_arguments(scheduler)))
 
@@ -124,6 +127,10 @@ def check_lr_scheduler(owner: str, scheduler: Any, optimizer: torch.optim.Optimi
     if getattr(scheduler, "optimizer", None) is not optimizer:
         raise argument_error("lr_scheduler", owner,
                              "a torch LR scheduler built over the given optimizer", scheduler)
+    if isinstance(scheduler, SchedulerSequence):
+        for member in scheduler.schedulers:
+            check_lr_scheduler(owner, member, member.optimizer)
+        return scheduler
     if not scheduler_needs_metric(scheduler):
         return scheduler
     required = _required_step_arguments(scheduler)

@@ -52,6 +52,8 @@ from ..transport.codecs import COMPRESSIONS
 from ..transport.flat_layout import ParamLayout
 from ..triggers import MaxEpoch, Trigger
 from ..training_step import TrainingStep, ValidationStep
+from .optimizer_sequence import as_optimizer, as_scheduler
+from .sparse_checks import check_sparse_gradients
 from .arguments import (check_criterion, check_lr_scheduler, check_optimizer, check_steps,
                         check_training_data)
 from .checkpointing import CheckpointSetup, Checkpoints
@@ -105,11 +107,16 @@ class DistriOptimizer:
         criterion: a loss with reduction ``'mean'`` (the default of torch's losses) or ``'sum'``;
             optional with ``training_step`` (then, when given, it serves validation's
             :class:`~sparkdl.metrics.Loss` and the one-output accuracy threshold).
-        optimizer: a ``torch.optim.Optimizer`` built over ``model.parameters()`` (required).
+        optimizer: a ``torch.optim.Optimizer`` built over ``model.parameters()`` (required),
+            or a list of them over disjoint parameters, stepped in order
+            (:class:`sparkdl.OptimizerSequence`; e.g. ``SparseAdam`` for the embedding tables
+            built with ``sparse=True``, ``Adam`` for the rest). Tables with ``sparse=True``
+            travel as the rows a batch touched (:mod:`sparkdl.transport.sparse_rows`).
         batch_size: the global mini-batch size (any positive int; required).
         end_trigger: when to stop; default ``MaxEpoch(1)``.
         seed: fixes every random choice (the per-partition shuffles).
-        lr_scheduler: any torch LR scheduler over ``optimizer``.
+        lr_scheduler: any torch LR scheduler over ``optimizer``; with several optimizers, a
+            list of schedulers, each over one of them.
         lr_scheduler_step: ``"epoch"`` (default) steps the scheduler after each epoch,
             ``"iteration"`` after each iteration.
         micro_batch_size: accumulate each task's gradient over micro-batches of this size
@@ -189,7 +196,8 @@ class DistriOptimizer:
     """
 
     def __init__(self, model: nn.Module, training_rdd: Any, criterion: Any = None,
-                 optimizer: torch.optim.Optimizer | None = None, batch_size: int | None = None,
+                 optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
+                 batch_size: int | None = None,
                  end_trigger: Trigger | None = None, seed: int = 0,
                  lr_scheduler: Any = None, lr_scheduler_step: str = "epoch",
                  micro_batch_size: int | None = None, shuffle: bool = True,
@@ -258,11 +266,13 @@ class DistriOptimizer:
         self.reduction = (check_criterion(_OWNER, criterion) if criterion is not None
                           else "mean")
         self.criterion = criterion
+        optimizer = as_optimizer(optimizer)
         self.optimizer = check_optimizer(_OWNER, optimizer, model)
         self.end_trigger = check_type("end_trigger", _OWNER,
                                       end_trigger if end_trigger is not None else MaxEpoch(1),
                                       Trigger, "a sparkdl.triggers.Trigger such as MaxEpoch(5)")
-        self.lr_scheduler = check_lr_scheduler(_OWNER, lr_scheduler, optimizer)
+        self.lr_scheduler = check_lr_scheduler(_OWNER, as_scheduler(lr_scheduler, optimizer),
+                                               optimizer)
         if progress_bar is not None and not isinstance(progress_bar, bool):
             raise argument_error("progress_bar", _OWNER, "True, False or None (automatic)",
                                  progress_bar)
@@ -529,6 +539,8 @@ class DistriOptimizer:
 
         self._check_trigger_metrics()
         self.layout = ParamLayout(self.model)        # as the model is now (requires_grad flags)
+        check_sparse_gradients(_OWNER, self.model, self.layout, self.optimizer,
+                               self._clipping is not None)
         for trigger in self.end_trigger.walk():
             trigger.reset()
         runner = runner_for(self.training_rdd, self.exchange_dir)

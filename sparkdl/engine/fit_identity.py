@@ -46,7 +46,9 @@ def _plain(value: Any) -> Any:
 def _optimizer_settings(optimizer: Any) -> dict[str, Any]:
     groups = [{k: _plain(v) for k, v in group.items() if k != "params"}
               | {"params": len(group["params"])} for group in optimizer.param_groups]
-    return {"class": type(optimizer).__qualname__, "groups": groups}
+    members = getattr(optimizer, "optimizers", None)      # an OptimizerSequence
+    return {"class": ([type(o).__qualname__ for o in members] if members is not None
+                      else type(optimizer).__qualname__), "groups": groups}
 
 
 def _scheduler_settings(scheduler: Any) -> dict[str, Any] | None:

@@ -119,8 +119,11 @@ def engine_params(engine: Any, plan: Any) -> dict[str, Any]:
         "parameters": sum(p.numel() for p in engine.model.parameters()),
         "criterion": type(engine.criterion).__name__ if engine.criterion is not None else None,
         "training_step": _name(engine.training_step),
-        "optimizer": type(engine.optimizer).__name__,
-        "lr_scheduler": type(engine.lr_scheduler).__name__ if engine.lr_scheduler else None,
+        "optimizer": (repr(engine.optimizer) if hasattr(engine.optimizer, "optimizers")
+                      else type(engine.optimizer).__name__),
+        "lr_scheduler": ((repr(engine.lr_scheduler) if hasattr(engine.lr_scheduler, "schedulers")
+                          else type(engine.lr_scheduler).__name__) if engine.lr_scheduler
+                         else None),
         "partitions": plan.num_partitions, "samples": plan.num_samples,
         "iterations_per_epoch": plan.iterations_per_epoch}
     for key, value in engine.optimizer.defaults.items():

@@ -35,6 +35,7 @@ from ..executor.process_memory import current_rss_bytes
 from ..executor.step import StepSpec
 from ..transport.allreduce import AllReduceResult
 from ..transport.flat_layout import combine_buffers, summed_presence
+from ..transport.sparse_rows import gather_rows, rows_finite, scale_rows
 from ..triggers import EarlyStopping, MaxEpoch, MaxIteration, TrainingState, Trigger
 from .arguments import scheduler_needs_metric
 from .progress import ProgressReporter
@@ -75,6 +76,8 @@ def _normalize(result: AllReduceResult, batch_size: int, what: str, weighted: bo
             "undefined (NaN in torch). Check the labels' padding, or use a larger batch.")
     assert result.vector is not None
     np.divide(result.vector, total / batch_size, out=result.vector, casting="unsafe")
+    if result.sparse:
+        result.sparse = scale_rows(result.sparse, batch_size / total)
     for r in result.reports:
         r.loss /= total
 
@@ -146,6 +149,8 @@ class TrainingLoop:
             raise permanent_error(name, message)
         if result.vector is None:
             raise SparkdlError(f"iteration {ctx.iteration + 1}: no partition produced a gradient")
+        if ctx.layout.sparse and result.sparse is None:
+            result.sparse = gather_rows(result.reports, ctx.layout.numpy_dtype)
         if ctx.settings.sample_weights or ctx.normalised_loss:
             _normalize(result, step.batch_size, f"iteration {ctx.iteration + 1}",
                        ctx.settings.sample_weights, ctx.training_step is not None)
@@ -174,7 +179,7 @@ class TrainingLoop:
             loss = _batch_loss(result)
             lr = float(ctx.optimizer.param_groups[0]["lr"])
             if ctx.loss_scaler is None:
-                self._stop_if_not_finite(loss, result.vector)
+                self._stop_if_not_finite(loss, result.vector, result.sparse)
             self._update(spec, state_vector, result)
             epoch_finished = step == per_epoch - 1
             scheduler_due = ctx.lr_scheduler is not None and (
@@ -220,7 +225,7 @@ class TrainingLoop:
         assert result.vector is not None
         present = summed_presence((r.grad_present for r in result.reports),
                                   len(ctx.layout.params))
-        ctx.layout.set_grads(ctx.model, result.vector, present)
+        ctx.layout.set_grads(ctx.model, result.vector, present, result.sparse)
         changes = [(r.count / spec.batch_size, r.buffers) for r in result.reports if r.count]
         ctx.layout.set_buffers(ctx.model, combine_buffers(ctx.layout, state_vector, changes))
         if ctx.clipping is not None:
@@ -248,11 +253,12 @@ class TrainingLoop:
                 weights = ctx.layout.state_vector(ctx.model)
                 result = self._gradients(spec, weights)
                 loss = _batch_loss(result)
-                if not (math.isfinite(loss) and np.isfinite(result.vector).all()):
+                if not (math.isfinite(loss) and np.isfinite(result.vector).all()
+                        and rows_finite(result.sparse)):
                     # back to the state before this step, then the NaN policy
                     ctx.layout.load_state(ctx.model, state_vector)
                     ctx.optimizer.load_state_dict(before)
-                    self._stop_if_not_finite(loss, result.vector)
+                    self._stop_if_not_finite(loss, result.vector, result.sparse)
             self._load_sum(spec, weights, result)
             return torch.tensor(_batch_loss(result), dtype=torch.float64)
 
@@ -266,18 +272,22 @@ class TrainingLoop:
         scaler = ctx.loss_scaler
         vector = result.vector
         assert vector is not None
-        found_inf = not np.isfinite(vector).all()
+        rows = result.sparse
+        found_inf = not (np.isfinite(vector).all() and rows_finite(rows))
         self._skipped = found_inf
         self._used_scale = scaler.scale
         if found_inf:
             if scaler.scale < 2.0 ** -14:      # no scale helps: a real NaN, not an overflow
-                self._stop_if_not_finite(_batch_loss(result), vector)
+                self._stop_if_not_finite(_batch_loss(result), vector, rows)
             log.warning("iteration %d: the gradient at loss scale %g has inf or NaN values; the "
                         "step is skipped and the scale halved", ctx.iteration + 1, scaler.scale)
             vector = np.zeros_like(vector)
+            rows = scale_rows(rows, 0.0) if rows else rows
         else:
             vector = vector * scaler.inverse()
-        self._load_sum(spec, state_vector, dataclasses.replace(result, vector=vector))
+            rows = scale_rows(rows, scaler.inverse()) if rows else rows
+        self._load_sum(spec, state_vector, dataclasses.replace(result, vector=vector,
+                                                               sparse=rows))
         if not found_inf:
             ctx.optimizer.step()
         ctx.optimizer.zero_grad(set_to_none=True)
@@ -333,14 +343,17 @@ class TrainingLoop:
         self.ctx.summary.iterations.append(record)
         return record
 
-    def _stop_if_not_finite(self, loss: float, vector: np.ndarray) -> None:
+    def _stop_if_not_finite(self, loss: float, vector: np.ndarray,
+                            rows: dict[int, Any] | None = None) -> None:
         """The NaN policy: stop with the last good weights (and a checkpoint of them)."""
         ctx = self.ctx
         params = vector[:ctx.layout.num_param_values]
-        if math.isfinite(loss) and np.isfinite(params).all():
+        if math.isfinite(loss) and np.isfinite(params).all() and rows_finite(rows):
             return
+        bad = int((~np.isfinite(params)).sum()) + sum(
+            int((~np.isfinite(values)).sum()) for _, values in (rows or {}).values())
         what = (f"the loss is {loss}" if not math.isfinite(loss) else
-                f"the gradient has {int((~np.isfinite(params)).sum())} non-finite values")
+                f"the gradient has {bad} non-finite values")
         path = ctx.checkpoints.write(ctx) if ctx.checkpoints is not None else None
         good = {k: v.detach().clone() for k, v in ctx.model.state_dict().items()}
         message = (f"Training stopped at iteration {ctx.iteration + 1}: {what}. The model keeps "

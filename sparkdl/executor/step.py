@@ -29,6 +29,7 @@ from ..data.ragged import Ragged, model_arguments
 from ..errors import InvalidArgumentError, SparkdlError
 from ..losses import loss_terms
 from ..training_step import step_loss_sums, step_loss_terms
+from ..transport.sparse_rows import Rows, sum_rows
 from ..metrics import ValidationMetric, uses_step_loss
 from .process_memory import current_rss_bytes
 from .replicas import Replica, set_training_modes
@@ -79,6 +80,8 @@ class TaskReport:
     normaliser: float = 0.0    # the loss's normaliser over this task's rows, when the driver
     # divides (sample weights: the sum of the weights; masked or class-weighted losses: the
     # count or weight of the targets, sparkdl.losses); 0 when the task weighted by rows
+    sparse_rows: dict[int, Rows] | None = None   # the sparse gradients' rows, by parameter
+    # index (sparkdl.transport.sparse_rows); the shuffle moves them into its blocks
 
 
 def set_task_threads(sub_replicas: int = 1) -> None:
@@ -187,11 +190,14 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
     results = run_sub_replicas([
         (lambda s=s, part=part: _share_gradient(step, partition, shard, replica_of(s), part,
                                                 weights)) for s, part in parts])
-    vector, present, loss, normaliser, report.buffers = results[0]
-    for more, more_present, more_loss, more_normaliser, _ in results[1:]:
+    vector, present, loss, normaliser, report.buffers, rows = results[0]
+    for more, more_present, more_loss, more_normaliser, _, more_rows in results[1:]:
         vector += more                                       # in sub-replica order
         present = np.maximum(present, more_present)
         loss, normaliser = loss + more_loss, normaliser + more_normaliser
+        rows = {k: sum_rows([rows.get(k), more_rows.get(k)], vector.dtype)
+                for k in sorted(set(rows) | set(more_rows))}
+    report.sparse_rows = rows or None
     changed = [s for (s, _), result in zip(parts, results) if result[4]]
     if len(parts) > 1 and changed:
         raise InvalidArgumentError(
@@ -207,10 +213,11 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
 
 def _share_gradient(step: StepSpec, partition: int, shard: Shard, replica: Replica,
                     indices: np.ndarray, weights: np.ndarray
-                    ) -> tuple[np.ndarray, np.ndarray, float, float, dict[int, bytes]]:
+                    ) -> tuple[np.ndarray, np.ndarray, float, float, dict[int, bytes],
+                               dict[int, Rows]]:
     """One replica's forward and backward over ``indices`` of the partition (in micro-batches):
-    its flat vector, the parameters present, its weighted loss, its normaliser and the buffers
-    it changed."""
+    its flat vector, the parameters present, its weighted loss, its normaliser, the buffers
+    it changed and its sparse gradients' rows."""
     _check_layout(step, replica)
     model, layout = replica.model, replica.layout
     layout.load_state(model, weights)
@@ -259,7 +266,9 @@ def _share_gradient(step: StepSpec, partition: int, shard: Shard, replica: Repli
         (loss * factor).backward()
         loss_sum += float(loss.detach()) * weight
     vector, present = layout.gradients(model)
-    return vector, present, loss_sum, normaliser_sum, layout.changed_buffers(model, weights)
+    rows = layout.sparse_rows(model) if layout.sparse else {}
+    return (vector, present, loss_sum, normaliser_sum, layout.changed_buffers(model, weights),
+            rows)
 
 
 def compute_metric_sums(shard: Shard | None, replica: Replica, weights: np.ndarray,

@@ -19,6 +19,7 @@ without a copy and reaches the other side as one ``bytes`` object.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
@@ -28,6 +29,7 @@ from pyspark import RDD
 
 from .codecs import ExactCodec, make_codec
 from .flat_layout import ParamLayout
+from .sparse_rows import Rows, split_rows, sum_rows
 from .frames import (collect_messages, keyed_frame, message_frames, raw_output, read_messages,
                      shuffle_frames)
 
@@ -74,6 +76,9 @@ class AllReduceResult:
     reduce_started_at: float = 0.0
     reduce_finished_at: float = 0.0
     returned_at: float = 0.0
+    sparse: dict[int, Any] | None = None
+    """The sparse gradients' summed rows by parameter index (:mod:`sparkdl.transport.sparse_rows`),
+    where the AllReduce summed them (the shuffle's blocks); else the driver sums the reports'."""
     pending: list[tuple[int, Any]] | None = field(default=None, repr=False)
     """The driver path's encoded vectors by partition, kept only while some partition's shard was
     missing (see :meth:`DriverAllReduce.complete`)."""
@@ -138,33 +143,45 @@ def sum_in_order(parts: Iterable[tuple[int, Any]], codec: Any, lo: int, length: 
 class ShuffleAllReduce:
     """Block-sharded AllReduce through one shuffle (see the module docstring).
 
+    Sparse gradients (the reports' ``sparse_rows``: :mod:`sparkdl.transport.sparse_rows`) are
+    sharded the same way: reducer ``k`` gets the rows of block ``k`` of each table's id range and
+    sums them in partition order; the driver joins the blocks' sums (``result.sparse``).
+
     Args:
         size: length of the vectors.
         dtype: their numpy dtype.
         num_blocks: number of blocks, i.e. of reduce partitions.
         codec: how blocks travel (:mod:`sparkdl.transport.codecs`); default exact.
+        table_rows: the number of rows of each table with sparse gradients, by parameter index.
     """
 
-    def __init__(self, size: int, dtype: np.dtype, num_blocks: int, codec: Any = None) -> None:
+    def __init__(self, size: int, dtype: np.dtype, num_blocks: int, codec: Any = None,
+                 table_rows: dict[int, int] | None = None) -> None:
         self.size = int(size)
         self.dtype = np.dtype(dtype)
         self.bounds = block_bounds(size, num_blocks)
         self.num_blocks = len(self.bounds) - 1
         self.codec = codec if codec is not None else ExactCodec(self.dtype)
+        # each table's id range cut into the same number of blocks as the vector
+        self.row_bounds = {k: (np.arange(self.num_blocks + 1, dtype=np.int64) * n)
+                           // self.num_blocks for k, n in (table_rows or {}).items()}
         self._shuffled: RDD | None = None      # the last run's shuffle, for complete()
 
     def run(self, index_rdd: RDD, local_fn: LocalFn, resources: Any = None) -> AllReduceResult:
         """One job: ``local_fn`` on every partition of ``index_rdd`` (in a stage that asks for
         ``resources``, a ResourceProfile, when given; the reduce stage asks for none)."""
-        bounds, num_blocks, codec = self.bounds, self.num_blocks, self.codec
+        bounds, num_blocks, codec, row_bounds = (self.bounds, self.num_blocks, self.codec,
+                                                 self.row_bounds)
 
         def map_side(partition: int, records: Iterator[Any]) -> Iterator[Any]:
             summaries = list(records)
             vector, report = local_fn(partition, summaries[0] if summaries else None)
+            report, rows = _rows_by_block(report, row_bounds, num_blocks)
             for k in range(num_blocks):
                 block = (None if vector is None else
                          codec.encode(vector[bounds[k]:bounds[k + 1]], int(bounds[k])))
-                for frame in message_frames((partition, report if k == 0 else None), block):
+                for frame in message_frames((partition, report if k == 0 else None, rows[k]),
+                                            block):
                     yield from keyed_frame(k, frame)
 
         submitted_at = time.time()
@@ -191,34 +208,41 @@ class ShuffleAllReduce:
     def _reduce(self, filled_bc: Any, submitted_at: float) -> AllReduceResult:
         """The reduce stage over the last run's shuffle (the filled partitions' vectors from
         ``filled_bc`` in place of what their map tasks sent), collected."""
-        bounds, codec = self.bounds, self.codec
+        bounds, codec, row_bounds, num_blocks, dtype = (self.bounds, self.codec, self.row_bounds,
+                                                        self.num_blocks, self.dtype)
 
         def reduce_side(k: int, frames: Iterator[bytes]) -> Iterator[Any]:
             started_at, t0 = time.time(), time.perf_counter()
             filled = filled_bc.value if filled_bc is not None else {}
             lo, hi = int(bounds[k]), int(bounds[k + 1])
-            parts, reports = [], []
-            for (partition, report), payload in read_messages(frames):
+            parts, reports, row_parts = [], [], []
+            for (partition, report, rows), payload in read_messages(frames):
                 if partition in filled:
                     continue
                 parts.append((partition, payload))
+                row_parts.append((partition, rows))
                 if report is not None:
                     reports.append(report)
             for partition, (vector, report) in filled.items():
                 parts.append((partition, None if vector is None else
                               codec.encode(vector[lo:hi], lo)))
+                report, rows = _rows_by_block(report, row_bounds, num_blocks)
+                row_parts.append((partition, rows[k]))
                 if k == 0:
                     reports.append(report)
             total = sum_in_order(parts, codec, lo, hi - lo)
+            row_sums = _sum_row_parts(row_parts, row_bounds, dtype)
             yield from message_frames(
-                (k, reports, time.perf_counter() - t0, started_at, time.time()), total)
+                (k, reports, time.perf_counter() - t0, started_at, time.time(), row_sums), total)
 
         vector = np.empty(self.size, dtype=self.dtype)
         messages = collect_messages(      # each block's sum read straight into its place
             raw_output(self._shuffled.mapPartitionsWithIndex(reduce_side)),
             lambda head: vector[bounds[head[0]]:bounds[head[0] + 1]])
         result = AllReduceResult(vector, submitted_at=submitted_at, returned_at=time.time())
-        for (k, block_reports, seconds, started, finished), payload in messages:
+        block_rows: dict[int, dict[int, Rows]] = {}
+        for (k, block_reports, seconds, started, finished, row_sums), payload in messages:
+            block_rows[k] = row_sums
             result.reports.extend(block_reports)
             result.reduce_s = max(result.reduce_s, seconds)
             result.reduce_started_at = max(result.reduce_started_at, started)
@@ -226,7 +250,33 @@ class ShuffleAllReduce:
             if payload is None:
                 result.vector = None
         result.reports.sort(key=lambda r: r.partition)
+        if self.row_bounds:       # the blocks' id ranges are disjoint and ascending
+            result.sparse = {}
+            for p in self.row_bounds:
+                blocks = [block_rows[k][p] for k in sorted(block_rows) if len(block_rows[k][p][0])]
+                if blocks:
+                    result.sparse[p] = (np.concatenate([ids for ids, _ in blocks]),
+                                        np.concatenate([values for _, values in blocks]))
         return result
+
+
+def _rows_by_block(report: Any, row_bounds: dict[int, np.ndarray], num_blocks: int
+                   ) -> tuple[Any, list[dict[int, Rows] | None]]:
+    """The report without its sparse rows, and those rows cut into the blocks' id ranges (one
+    dict by parameter per block; None per block when there are none)."""
+    rows = getattr(report, "sparse_rows", None)
+    if not rows:
+        return report, [None] * num_blocks
+    report = dataclasses.replace(report, sparse_rows=None)
+    cut = {p: split_rows(r, row_bounds[p]) for p, r in rows.items()}
+    return report, [{p: parts[k] for p, parts in cut.items()} for k in range(num_blocks)]
+
+
+def _sum_row_parts(row_parts: list[tuple[int, dict[int, Rows] | None]],
+                   row_bounds: dict[int, np.ndarray], dtype: np.dtype) -> dict[int, Rows]:
+    """One block's rows of every table, summed over partitions in partition order."""
+    ordered = [rows for _, rows in sorted(row_parts, key=lambda pr: pr[0]) if rows]
+    return {p: sum_rows([rows.get(p) for rows in ordered], dtype) for p in row_bounds}
 
 
 class DriverAllReduce:
@@ -289,4 +339,5 @@ def make_allreduce(layout: ParamLayout, path: str, num_partitions: int,
         path = choose_allreduce(layout.size * layout.numpy_dtype.itemsize, num_partitions)
     if path == "driver":
         return DriverAllReduce(layout.size, layout.numpy_dtype, codec)
-    return ShuffleAllReduce(layout.size, layout.numpy_dtype, num_blocks or num_partitions, codec)
+    return ShuffleAllReduce(layout.size, layout.numpy_dtype, num_blocks or num_partitions, codec,
+                            {k: layout.params[k].shape[0] for k in layout.sparse})

@@ -8,6 +8,8 @@ Three things travel, laid out once from the model, identically on both sides:
 * the **gradient vector** (tasks to driver, summed by the AllReduce): the trainable parameters'
   gradients in the *gradient dtype*: the parameters' own dtype for float64 and float32, float32 for
   float16 and bfloat16 parameters (the sum is formed in float32, then cast back on the driver).
+* the **rows** of the tables with sparse gradients (``nn.Embedding(sparse=True)``): not in the
+  vector; each task reports the ids it touched and their rows (:mod:`sparkdl.transport.sparse_rows`).
 * beside it, in each task's report: which parameters received a gradient (a parameter that got
   none on every task keeps ``grad = None`` on the driver, as in torch, so optimizers skip it) and
   the raw bytes of every buffer the task changed (see :func:`combine_buffers` for the rule).
@@ -35,6 +37,7 @@ import torch
 from torch import nn
 
 from ..errors import InvalidArgumentError, SparkdlError
+from .sparse_rows import Rows, rows_of, sparse_grad, sparse_parameter_names
 
 __all__ = ["ParamLayout", "combine_buffers", "summed_presence", "SUPPORTED_PARAM_DTYPES"]
 
@@ -51,6 +54,7 @@ class _Slot:
     stop: int
     byte_start: int     # byte offset in the state vector
     byte_stop: int
+    sparse: bool = False    # a sparse gradient: travels as rows, not in the gradient vector
 
 
 def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
@@ -87,15 +91,19 @@ class ParamLayout:
         cast by the tasks)."""
         offset, byte_offset = 0, 0
         self.params: list[_Slot] = []
+        sparse_names = sparse_parameter_names(model)
         for name, p in params:
             nbytes = p.numel() * p.element_size()
-            self.params.append(_Slot(name, tuple(p.shape), p.dtype, offset, offset + p.numel(),
-                                     byte_offset, byte_offset + nbytes))
-            offset += p.numel()
+            length = 0 if name in sparse_names else p.numel()
+            self.params.append(_Slot(name, tuple(p.shape), p.dtype, offset, offset + length,
+                                     byte_offset, byte_offset + nbytes, name in sparse_names))
+            offset += length
             byte_offset += -(-nbytes // _ALIGN) * _ALIGN
         self.num_param_values = offset
         self.size = offset
         """Length of the gradient vector."""
+        self.sparse = [k for k, slot in enumerate(self.params) if slot.sparse]
+        """Indices of the parameters whose gradients travel as rows."""
         self.buffers: list[_Slot] = []
         for name, b in model.named_buffers():
             if b is None:
@@ -109,6 +117,8 @@ class ParamLayout:
                      for n, t in model.named_parameters()]
         described += [(n, tuple(b.shape), str(b.dtype), False) for n, b in model.named_buffers()
                       if b is not None]
+        if self.sparse:
+            described.append(("sparse", sorted(sparse_names)))
         self.fingerprint = hashlib.sha1(repr(described).encode()).hexdigest()[:16]
         self._pinned: dict[str, torch.Tensor] = {}      # reused page-locked host buffers
         self._pinned_copy: Any = None                   # CUDA event of the last copy from one
@@ -184,9 +194,29 @@ class ParamLayout:
             return pinned.numpy().copy(), present
         out = np.zeros(self.size, dtype=self.numpy_dtype)
         for g, slot in zip(grads, self.params):
-            if g is not None:
+            if g is not None and not slot.sparse:
                 out[slot.start:slot.stop] = g.detach().reshape(-1).to(self.torch_dtype).numpy()
         return out, present
+
+    def sparse_rows(self, model: nn.Module) -> dict[int, Rows]:
+        """The rows of every sparse gradient of ``model`` (by parameter index), in the gradient
+        dtype; a parameter's gradient must be sparse exactly where the layout says so."""
+        tensors = dict(model.named_parameters())
+        rows: dict[int, Rows] = {}
+        for k, slot in enumerate(self.params):
+            g = tensors[slot.name].grad
+            if g is None:
+                continue
+            if g.is_sparse != slot.sparse:
+                raise InvalidArgumentError(
+                    f"The parameter {slot.name!r} got a {'sparse' if g.is_sparse else 'dense'} "
+                    "gradient in a task, but sparkdl takes sparse gradients from exactly the "
+                    "weights of nn.Embedding and nn.EmbeddingBag built with sparse=True. Use "
+                    "such a module for the table, or give it sparse=False (and do not use its "
+                    "weight elsewhere in the model).")
+            if slot.sparse:
+                rows[k] = rows_of(g, self.numpy_dtype)
+        return rows
 
     def changed_buffers(self, model: nn.Module, state: np.ndarray) -> dict[int, bytes]:
         """The raw bytes of every buffer of ``model`` that differs from its value in ``state``."""
@@ -199,9 +229,11 @@ class ParamLayout:
         return changed
 
     # --------------------------------------------------------------------- driver side
-    def set_grads(self, model: nn.Module, vector: np.ndarray, present: np.ndarray) -> None:
+    def set_grads(self, model: nn.Module, vector: np.ndarray, present: np.ndarray,
+                  rows: dict[int, Rows] | None = None) -> None:
         """``p.grad`` from the summed vector, cast to the parameter's dtype; None for every
-        parameter that no task gave a gradient (``present[k] == 0``).
+        parameter that no task gave a gradient (``present[k] == 0``); a coalesced sparse
+        gradient from ``rows[k]`` for a parameter with sparse gradients.
 
         Where no cast is needed the gradients are views into ``vector`` (no copy): the vector
         then belongs to the model's ``.grad`` until the optimizer's ``zero_grad``."""
@@ -212,6 +244,11 @@ class ParamLayout:
         for k, slot in enumerate(self.params):
             if not present[k]:
                 tensors[slot.name].grad = None
+                continue
+            if slot.sparse:
+                got = (rows or {}).get(k)
+                tensors[slot.name].grad = (None if got is None else
+                                           sparse_grad(got, tensors[slot.name]))
                 continue
             # .to() returns the view itself when the dtype already matches
             tensors[slot.name].grad = flat[slot.start:slot.stop].view(slot.shape).to(slot.dtype)

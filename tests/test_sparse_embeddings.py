@@ -1,0 +1,218 @@
+"""Recommender scale (issue 23): embedding tables with sparse gradients travel as the rows a
+batch touched, summed in partition order, and train like single-process PyTorch; several
+optimizers (SparseAdam for the tables, Adam for the rest) checkpoint and resume as one; an
+optimizer that cannot take sparse gradients is refused before any Spark job."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from models import JobCounter, bitwise_equal, make_rdd, max_abs_diff, reference_train
+from sparkdl import BatchPlan, DistriOptimizer, InvalidArgumentError, OptimizerSequence
+from sparkdl.data.ragged import Ragged
+from sparkdl.runners import LocalPartitions
+from sparkdl.transport.flat_layout import ParamLayout
+from sparkdl.transport.sparse_rows import split_rows, sum_rows
+from sparkdl.triggers import MaxIteration, SeveralIteration
+
+SIZES, BATCH, SEED, ITERATIONS = [90, 40, 130, 60], 48, 11, 12
+USERS, ITEMS = 70, 500        # most items are never touched by a 12-iteration run
+
+
+class TwoTower(nn.Module):
+    """User and item tables (sparse gradients) and a small dense head over their product."""
+
+    def __init__(self, sparse: bool = True) -> None:
+        super().__init__()
+        self.user = nn.Embedding(USERS, 8, sparse=sparse)
+        self.item = nn.Embedding(ITEMS, 8, sparse=sparse)
+        self.head = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.user(ids[:, 0]) * self.item(ids[:, 1])).squeeze(-1)
+
+
+class BagNet(nn.Module):
+    """An EmbeddingBag over each row's variable-length ids (flat ids plus offsets)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bag = nn.EmbeddingBag(60, 6, mode="mean", sparse=True)
+        self.out = nn.Linear(6, 3)
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.out(self.bag(ids, offsets))
+
+
+def ratings(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    ids = np.stack([rng.integers(0, USERS, n), rng.integers(0, ITEMS // 4, n)], 1)
+    return ids.astype(np.int64), rng.normal(size=n).astype(np.float32)
+
+
+def tables_and_rest(model: TwoTower) -> list[torch.optim.Optimizer]:
+    return [torch.optim.SparseAdam([model.user.weight, model.item.weight], lr=0.05),
+            torch.optim.Adam(model.head.parameters(), lr=0.01)]
+
+
+def train(rdd, model, optimizer, iterations=ITERATIONS, **kwargs):
+    return DistriOptimizer(model, rdd, nn.MSELoss(), optimizer, batch_size=BATCH,
+                           end_trigger=MaxIteration(iterations), seed=SEED, progress_bar=False,
+                           **kwargs)
+
+
+@pytest.fixture(scope="module")
+def data(sc):
+    x, y = ratings(sum(SIZES))
+    return x, y, make_rdd(sc, list(zip(x, y)), SIZES)
+
+
+@pytest.mark.parametrize("allreduce", ["driver", "shuffle"])
+def test_sparse_tables_with_adagrad_equal_single_process(data, allreduce):
+    x, y, rdd = data
+    torch.manual_seed(1)
+    net = TwoTower()
+    initial = copy.deepcopy(net)
+    train(rdd, net, torch.optim.Adagrad(net.parameters(), lr=0.1), allreduce=allreduce,
+          num_blocks=3).optimize()
+    reference = reference_train(initial, x, y, nn.MSELoss(),
+                                lambda m: torch.optim.Adagrad(m.parameters(), lr=0.1),
+                                BatchPlan(SIZES, BATCH, SEED, True), ITERATIONS)
+    assert max_abs_diff(net, reference) <= 1e-5
+    assert max_abs_diff(net, initial) > 1e-2                 # it trained
+    # Adagrad leaves rows no batch touched (zero gradient, zero state) exactly as they were
+    untouched = np.setdiff1d(np.arange(ITEMS), x[:, 1])
+    assert len(untouched) > ITEMS // 2
+    assert torch.equal(net.item.weight[untouched], initial.item.weight[untouched])
+
+
+def test_shuffle_and_driver_paths_give_bitwise_the_same_weights(data):
+    """The shuffle's blocks sum each id range in partition order, as the driver does."""
+    _, _, rdd = data
+    trained = []
+    for allreduce in ("driver", "shuffle"):
+        torch.manual_seed(1)
+        net = TwoTower()
+        trained.append(train(rdd, net, tables_and_rest(net), iterations=5,
+                             allreduce=allreduce, num_blocks=3).optimize())
+    assert bitwise_equal(*trained)
+
+
+def test_sparse_adam_and_adam_as_two_optimizers_equal_single_process(data):
+    x, y, rdd = data
+    torch.manual_seed(2)
+    net = TwoTower()
+    initial = copy.deepcopy(net)
+    train(rdd, net, tables_and_rest(net)).optimize()
+    reference = reference_train(initial, x, y, nn.MSELoss(),
+                                lambda m: OptimizerSequence(tables_and_rest(m)),
+                                BatchPlan(SIZES, BATCH, SEED, True), ITERATIONS)
+    assert max_abs_diff(net, reference) <= 1e-5
+    untouched = np.setdiff1d(np.arange(ITEMS), x[:, 1])      # SparseAdam leaves them
+    assert torch.equal(net.item.weight[untouched], initial.item.weight[untouched])
+    assert not torch.equal(net.item.weight, initial.item.weight)
+
+
+def test_embedding_bag_with_offsets_equals_single_process(sc):
+    rng = np.random.default_rng(5)
+    n = sum(SIZES)
+    rows = [rng.integers(0, 60, int(rng.integers(1, 9))) for _ in range(n)]
+    labels = rng.integers(0, 3, n)
+
+    def collate(inputs):            # a ragged input as EmbeddingBag takes it
+        (ids,) = inputs
+        lengths = ids.lengths()
+        flat = ids.pad(-1)[0]
+        flat = flat[flat >= 0] if len(flat) else flat
+        return flat, np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+
+    records = [((r.astype(np.int64),), int(c)) for r, c in zip(rows, labels)]
+    torch.manual_seed(3)
+    net = BagNet()
+    initial = copy.deepcopy(net)
+    DistriOptimizer(net, make_rdd(sc, records, SIZES), nn.CrossEntropyLoss(),
+                    [torch.optim.SparseAdam([net.bag.weight], lr=0.05),
+                     torch.optim.SGD(net.out.parameters(), lr=0.2)],
+                    batch_size=BATCH, end_trigger=MaxIteration(ITERATIONS), seed=SEED,
+                    sequence_inputs=[0], collate=collate, progress_bar=False).optimize()
+    reference = copy.deepcopy(initial)
+    optimizer = OptimizerSequence([torch.optim.SparseAdam([reference.bag.weight], lr=0.05),
+                                   torch.optim.SGD(reference.out.parameters(), lr=0.2)])
+    plan = BatchPlan(SIZES, BATCH, SEED, True)
+    for t in range(ITERATIONS):
+        idx = plan.global_indices(*plan.epoch_and_step(t))
+        ids, offsets = collate([Ragged.from_rows([rows[i] for i in idx], np.int64)])
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(reference(torch.from_numpy(ids), torch.from_numpy(offsets)),
+                                    torch.from_numpy(labels[idx])).backward()
+        optimizer.step()
+    assert max_abs_diff(net, reference) <= 1e-5
+    assert max_abs_diff(net, initial) > 1e-2
+
+
+def test_resume_with_two_optimizers_equals_the_uninterrupted_run(data, tmp_path):
+    _, _, rdd = data
+
+    def run(iterations, path):
+        torch.manual_seed(4)
+        net = TwoTower()
+        optimizer = tables_and_rest(net)
+        schedulers = [torch.optim.lr_scheduler.StepLR(optimizer[0], 1, 0.8),
+                      torch.optim.lr_scheduler.ExponentialLR(optimizer[1], 0.9)]
+        opt = train(rdd, net, optimizer, iterations=iterations, lr_scheduler=schedulers,
+                    lr_scheduler_step="iteration", allreduce="shuffle")
+        if path is not None:
+            opt.set_checkpoint(str(path), SeveralIteration(3))
+        return opt.optimize()
+
+    run(7, tmp_path)                     # stops after 7; its newest checkpoint is at 6
+    resumed = run(10, tmp_path)
+    assert bitwise_equal(resumed, run(10, None))
+
+
+def test_an_optimizer_that_cannot_take_sparse_gradients_is_refused_before_any_job(sc, data):
+    _, _, rdd = data
+    net = TwoTower()
+    with JobCounter(sc) as jobs:
+        with pytest.raises(InvalidArgumentError, match=r"'user\.weight' gets sparse gradients.*"
+                                                       r"Adam does not support sparse gradients"):
+            train(rdd, net, torch.optim.Adam(net.parameters())).optimize()
+        with pytest.raises(InvalidArgumentError, match="disjoint parameters"):
+            train(rdd, net, [torch.optim.SGD(net.parameters(), lr=0.1),
+                             torch.optim.Adam(net.head.parameters())])
+        with pytest.raises(InvalidArgumentError, match="clipping cannot be combined"):
+            train(rdd, net, torch.optim.SGD(net.parameters(), lr=0.1)
+                  ).set_gradient_clipping(1.0).optimize()
+    assert jobs.count == 0
+
+
+def test_sparse_rows_sum_in_order_and_split_by_id_range():
+    a = (np.array([1, 4, 9]), np.array([[1.0], [2.0], [3.0]], np.float32))
+    b = (np.array([0, 4]), np.array([[10.0], [20.0]], np.float32))
+    ids, values = sum_rows([a, b], np.float32)
+    assert ids.tolist() == [0, 1, 4, 9] and values[:, 0].tolist() == [10.0, 1.0, 22.0, 3.0]
+    parts = split_rows((ids, values), np.array([0, 3, 6, 10]))
+    assert [p[0].tolist() for p in parts] == [[0, 1], [4], [9]]
+    # a table's rows do not take space in the flat gradient vector
+    layout = ParamLayout(TwoTower())
+    dense = sum(p.numel() for p in TwoTower().head.parameters())
+    assert layout.size == dense and len(layout.sparse) == 2
+    assert ParamLayout(TwoTower(sparse=False)).size == dense + (USERS + ITEMS) * 8
+
+
+def test_in_process_runner_gives_bitwise_the_spark_result(data):
+    x, y, rdd = data
+    parts = [list(zip(x[a:b], y[a:b])) for a, b in
+             zip(np.cumsum([0] + SIZES[:-1]), np.cumsum(SIZES))]
+    trained = []
+    for source in (rdd, LocalPartitions(parts)):
+        torch.manual_seed(6)
+        net = TwoTower()
+        trained.append(train(source, net, torch.optim.SGD(net.parameters(), lr=0.3),
+                             iterations=4, allreduce="driver").optimize())
+    assert bitwise_equal(*trained)
