@@ -17,7 +17,7 @@ from sparkdl import BatchPlan, DistriOptimizer, InvalidArgumentError, OptimizerS
 from sparkdl.data.ragged import Ragged
 from sparkdl.runners import LocalPartitions
 from sparkdl.transport.flat_layout import ParamLayout
-from sparkdl.transport.sparse_rows import split_rows, sum_rows
+from sparkdl.transport.table_rows import dense_rows, split_rows, sum_rows
 from sparkdl.triggers import MaxIteration, SeveralIteration
 
 SIZES, BATCH, SEED, ITERATIONS = [90, 40, 130, 60], 48, 11, 12
@@ -191,6 +191,65 @@ def test_an_optimizer_that_cannot_take_sparse_gradients_is_refused_before_any_jo
     assert jobs.count == 0
 
 
+@pytest.mark.parametrize("allreduce", ["driver", "shuffle"])
+def test_dense_tables_sent_as_rows_equal_single_process(data, allreduce):
+    """Tables with sparse=False travel as their non-zero rows; dense Adam moves every row."""
+    x, y, rdd = data
+    torch.manual_seed(7)
+    net = TwoTower(sparse=False)
+    initial = copy.deepcopy(net)
+    train(rdd, net, torch.optim.Adam(net.parameters(), lr=0.01), allreduce=allreduce,
+          num_blocks=3).optimize()
+    reference = reference_train(initial, x, y, nn.MSELoss(),
+                                lambda m: torch.optim.Adam(m.parameters(), lr=0.01),
+                                BatchPlan(SIZES, BATCH, SEED, True), ITERATIONS)
+    assert max_abs_diff(net, reference) <= 1e-5
+    assert max_abs_diff(net, initial) > 1e-3
+
+
+class Factorisation(nn.Module):
+    """Tables only: the flat gradient vector is empty."""
+
+    def __init__(self, sparse: bool) -> None:
+        super().__init__()
+        self.user = nn.Embedding(USERS, 4, sparse=sparse)
+        self.item = nn.Embedding(ITEMS, 4, sparse=sparse)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return (self.user(ids[:, 0]) * self.item(ids[:, 1])).sum(-1)
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_a_model_of_tables_only_trains_through_the_shuffle(data, sparse):
+    x, y, rdd = data
+    torch.manual_seed(8)
+    net = Factorisation(sparse)
+    initial = copy.deepcopy(net)
+    train(rdd, net, torch.optim.SGD(net.parameters(), lr=0.5), allreduce="shuffle",
+          num_blocks=3).optimize()
+    reference = reference_train(initial, x, y, nn.MSELoss(),
+                                lambda m: torch.optim.SGD(m.parameters(), lr=0.5),
+                                BatchPlan(SIZES, BATCH, SEED, True), ITERATIONS)
+    assert max_abs_diff(net, reference) <= 1e-5
+    assert max_abs_diff(net, initial) > 1e-3
+
+
+def test_a_dense_table_gradient_travels_as_rows_only_when_smaller():
+    table = nn.Embedding(100, 4)
+    table(torch.tensor([3, 7, 7, 42])).sum().backward()
+    ids, values = dense_rows(table.weight.grad, np.float32)
+    assert ids.tolist() == [3, 7, 42] and values.shape == (3, 4)
+    assert values[1].tolist() == [2.0] * 4
+    table.weight.grad = None
+    table(torch.arange(100)).sum().backward()          # every row touched: the whole table
+    first, values = dense_rows(table.weight.grad, np.float32)
+    assert first == 0 and values.shape == (100, 4)
+    grads = torch.zeros(100, 4)
+    grads[5, 1] = -0.0          # a signed zero is sent, so the rebuilt gradient keeps its bits
+    grads[9, 2] = 1.0
+    assert dense_rows(grads, np.float32)[0].tolist() == [5, 9]
+
+
 def test_sparse_rows_sum_in_order_and_split_by_id_range():
     a = (np.array([1, 4, 9]), np.array([[1.0], [2.0], [3.0]], np.float32))
     b = (np.array([0, 4]), np.array([[10.0], [20.0]], np.float32))
@@ -202,7 +261,8 @@ def test_sparse_rows_sum_in_order_and_split_by_id_range():
     layout = ParamLayout(TwoTower())
     dense = sum(p.numel() for p in TwoTower().head.parameters())
     assert layout.size == dense and len(layout.sparse) == 2
-    assert ParamLayout(TwoTower(sparse=False)).size == dense + (USERS + ITEMS) * 8
+    assert ParamLayout(TwoTower(sparse=False)).size == dense
+    assert len(ParamLayout(TwoTower(sparse=False)).tables) == 2
 
 
 def test_in_process_runner_gives_bitwise_the_spark_result(data):

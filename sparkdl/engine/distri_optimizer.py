@@ -111,7 +111,7 @@ class DistriOptimizer:
             or a list of them over disjoint parameters, stepped in order
             (:class:`sparkdl.OptimizerSequence`; e.g. ``SparseAdam`` for the embedding tables
             built with ``sparse=True``, ``Adam`` for the rest). Tables with ``sparse=True``
-            travel as the rows a batch touched (:mod:`sparkdl.transport.sparse_rows`).
+            travel as the rows a batch touched (:mod:`sparkdl.transport.table_rows`).
         batch_size: the global mini-batch size (any positive int; required).
         end_trigger: when to stop; default ``MaxEpoch(1)``.
         seed: fixes every random choice (the per-partition shuffles).

@@ -35,7 +35,7 @@ from ..executor.process_memory import current_rss_bytes
 from ..executor.step import StepSpec
 from ..transport.allreduce import AllReduceResult
 from ..transport.flat_layout import combine_buffers, summed_presence
-from ..transport.sparse_rows import gather_rows, rows_finite, scale_rows
+from ..transport.table_rows import gather_rows, rows_finite, scale_rows
 from ..triggers import EarlyStopping, MaxEpoch, MaxIteration, TrainingState, Trigger
 from .arguments import scheduler_needs_metric
 from .progress import ProgressReporter
@@ -76,8 +76,8 @@ def _normalize(result: AllReduceResult, batch_size: int, what: str, weighted: bo
             "undefined (NaN in torch). Check the labels' padding, or use a larger batch.")
     assert result.vector is not None
     np.divide(result.vector, total / batch_size, out=result.vector, casting="unsafe")
-    if result.sparse:
-        result.sparse = scale_rows(result.sparse, batch_size / total)
+    if result.rows:
+        result.rows = scale_rows(result.rows, batch_size / total)
     for r in result.reports:
         r.loss /= total
 
@@ -149,8 +149,8 @@ class TrainingLoop:
             raise permanent_error(name, message)
         if result.vector is None:
             raise SparkdlError(f"iteration {ctx.iteration + 1}: no partition produced a gradient")
-        if ctx.layout.sparse and result.sparse is None:
-            result.sparse = gather_rows(result.reports, ctx.layout.numpy_dtype)
+        if ctx.layout.tables and result.rows is None:
+            result.rows = gather_rows(result.reports, ctx.layout.numpy_dtype)
         if ctx.settings.sample_weights or ctx.normalised_loss:
             _normalize(result, step.batch_size, f"iteration {ctx.iteration + 1}",
                        ctx.settings.sample_weights, ctx.training_step is not None)
@@ -179,7 +179,7 @@ class TrainingLoop:
             loss = _batch_loss(result)
             lr = float(ctx.optimizer.param_groups[0]["lr"])
             if ctx.loss_scaler is None:
-                self._stop_if_not_finite(loss, result.vector, result.sparse)
+                self._stop_if_not_finite(loss, result.vector, result.rows)
             self._update(spec, state_vector, result)
             epoch_finished = step == per_epoch - 1
             scheduler_due = ctx.lr_scheduler is not None and (
@@ -225,7 +225,7 @@ class TrainingLoop:
         assert result.vector is not None
         present = summed_presence((r.grad_present for r in result.reports),
                                   len(ctx.layout.params))
-        ctx.layout.set_grads(ctx.model, result.vector, present, result.sparse)
+        ctx.layout.set_grads(ctx.model, result.vector, present, result.rows)
         changes = [(r.count / spec.batch_size, r.buffers) for r in result.reports if r.count]
         ctx.layout.set_buffers(ctx.model, combine_buffers(ctx.layout, state_vector, changes))
         if ctx.clipping is not None:
@@ -254,11 +254,11 @@ class TrainingLoop:
                 result = self._gradients(spec, weights)
                 loss = _batch_loss(result)
                 if not (math.isfinite(loss) and np.isfinite(result.vector).all()
-                        and rows_finite(result.sparse)):
+                        and rows_finite(result.rows)):
                     # back to the state before this step, then the NaN policy
                     ctx.layout.load_state(ctx.model, state_vector)
                     ctx.optimizer.load_state_dict(before)
-                    self._stop_if_not_finite(loss, result.vector, result.sparse)
+                    self._stop_if_not_finite(loss, result.vector, result.rows)
             self._load_sum(spec, weights, result)
             return torch.tensor(_batch_loss(result), dtype=torch.float64)
 
@@ -272,7 +272,7 @@ class TrainingLoop:
         scaler = ctx.loss_scaler
         vector = result.vector
         assert vector is not None
-        rows = result.sparse
+        rows = result.rows
         found_inf = not (np.isfinite(vector).all() and rows_finite(rows))
         self._skipped = found_inf
         self._used_scale = scaler.scale
@@ -287,7 +287,7 @@ class TrainingLoop:
             vector = vector * scaler.inverse()
             rows = scale_rows(rows, scaler.inverse()) if rows else rows
         self._load_sum(spec, state_vector, dataclasses.replace(result, vector=vector,
-                                                               sparse=rows))
+                                                               rows=rows))
         if not found_inf:
             ctx.optimizer.step()
         ctx.optimizer.zero_grad(set_to_none=True)

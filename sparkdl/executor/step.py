@@ -29,7 +29,7 @@ from ..data.ragged import Ragged, model_arguments
 from ..errors import InvalidArgumentError, SparkdlError
 from ..losses import loss_terms
 from ..training_step import step_loss_sums, step_loss_terms
-from ..transport.sparse_rows import Rows, sum_rows
+from ..transport.table_rows import Rows, sum_rows
 from ..metrics import ValidationMetric, uses_step_loss
 from .process_memory import current_rss_bytes
 from .replicas import Replica, set_training_modes
@@ -80,8 +80,8 @@ class TaskReport:
     normaliser: float = 0.0    # the loss's normaliser over this task's rows, when the driver
     # divides (sample weights: the sum of the weights; masked or class-weighted losses: the
     # count or weight of the targets, sparkdl.losses); 0 when the task weighted by rows
-    sparse_rows: dict[int, Rows] | None = None   # the sparse gradients' rows, by parameter
-    # index (sparkdl.transport.sparse_rows); the shuffle moves them into its blocks
+    table_rows: dict[int, Rows] | None = None   # the sparse gradients' rows, by parameter
+    # index (sparkdl.transport.table_rows); the shuffle moves them into its blocks
 
 
 def set_task_threads(sub_replicas: int = 1) -> None:
@@ -197,7 +197,7 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
         loss, normaliser = loss + more_loss, normaliser + more_normaliser
         rows = {k: sum_rows([rows.get(k), more_rows.get(k)], vector.dtype)
                 for k in sorted(set(rows) | set(more_rows))}
-    report.sparse_rows = rows or None
+    report.table_rows = rows or None
     changed = [s for (s, _), result in zip(parts, results) if result[4]]
     if len(parts) > 1 and changed:
         raise InvalidArgumentError(
@@ -266,7 +266,7 @@ def _share_gradient(step: StepSpec, partition: int, shard: Shard, replica: Repli
         (loss * factor).backward()
         loss_sum += float(loss.detach()) * weight
     vector, present = layout.gradients(model)
-    rows = layout.sparse_rows(model) if layout.sparse else {}
+    rows = layout.table_rows(model) if layout.tables else {}
     return (vector, present, loss_sum, normaliser_sum, layout.changed_buffers(model, weights),
             rows)
 

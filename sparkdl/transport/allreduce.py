@@ -29,7 +29,7 @@ from pyspark import RDD
 
 from .codecs import ExactCodec, make_codec
 from .flat_layout import ParamLayout
-from .sparse_rows import Rows, split_rows, sum_rows
+from .table_rows import Rows, join_rows, split_rows, sum_rows
 from .frames import (collect_messages, keyed_frame, message_frames, raw_output, read_messages,
                      shuffle_frames)
 
@@ -76,9 +76,10 @@ class AllReduceResult:
     reduce_started_at: float = 0.0
     reduce_finished_at: float = 0.0
     returned_at: float = 0.0
-    sparse: dict[int, Any] | None = None
-    """The sparse gradients' summed rows by parameter index (:mod:`sparkdl.transport.sparse_rows`),
-    where the AllReduce summed them (the shuffle's blocks); else the driver sums the reports'."""
+    rows: dict[int, Any] | None = None
+    """The embedding tables' summed gradient rows by parameter index
+    (:mod:`sparkdl.transport.table_rows`), where the AllReduce summed them (the shuffle's
+    blocks); else the driver sums the reports'."""
     pending: list[tuple[int, Any]] | None = field(default=None, repr=False)
     """The driver path's encoded vectors by partition, kept only while some partition's shard was
     missing (see :meth:`DriverAllReduce.complete`)."""
@@ -143,16 +144,16 @@ def sum_in_order(parts: Iterable[tuple[int, Any]], codec: Any, lo: int, length: 
 class ShuffleAllReduce:
     """Block-sharded AllReduce through one shuffle (see the module docstring).
 
-    Sparse gradients (the reports' ``sparse_rows``: :mod:`sparkdl.transport.sparse_rows`) are
-    sharded the same way: reducer ``k`` gets the rows of block ``k`` of each table's id range and
-    sums them in partition order; the driver joins the blocks' sums (``result.sparse``).
+    Embedding tables' rows (the reports' ``table_rows``: :mod:`sparkdl.transport.table_rows`)
+    are sharded the same way: reducer ``k`` gets the rows of block ``k`` of each table's id range
+    and sums them in partition order; the driver joins the blocks' sums (``result.rows``).
 
     Args:
         size: length of the vectors.
         dtype: their numpy dtype.
         num_blocks: number of blocks, i.e. of reduce partitions.
         codec: how blocks travel (:mod:`sparkdl.transport.codecs`); default exact.
-        table_rows: the number of rows of each table with sparse gradients, by parameter index.
+        table_rows: the number of rows of each embedding table, by parameter index.
     """
 
     def __init__(self, size: int, dtype: np.dtype, num_blocks: int, codec: Any = None,
@@ -251,12 +252,9 @@ class ShuffleAllReduce:
                 result.vector = None
         result.reports.sort(key=lambda r: r.partition)
         if self.row_bounds:       # the blocks' id ranges are disjoint and ascending
-            result.sparse = {}
-            for p in self.row_bounds:
-                blocks = [block_rows[k][p] for k in sorted(block_rows) if len(block_rows[k][p][0])]
-                if blocks:
-                    result.sparse[p] = (np.concatenate([ids for ids, _ in blocks]),
-                                        np.concatenate([values for _, values in blocks]))
+            result.rows = {p: join_rows([block_rows[k][p] for k in sorted(block_rows)])
+                           for p in self.row_bounds
+                           if any(p in block_rows[k] for k in block_rows)}
         return result
 
 
@@ -264,10 +262,10 @@ def _rows_by_block(report: Any, row_bounds: dict[int, np.ndarray], num_blocks: i
                    ) -> tuple[Any, list[dict[int, Rows] | None]]:
     """The report without its sparse rows, and those rows cut into the blocks' id ranges (one
     dict by parameter per block; None per block when there are none)."""
-    rows = getattr(report, "sparse_rows", None)
+    rows = getattr(report, "table_rows", None)
     if not rows:
         return report, [None] * num_blocks
-    report = dataclasses.replace(report, sparse_rows=None)
+    report = dataclasses.replace(report, table_rows=None)
     cut = {p: split_rows(r, row_bounds[p]) for p, r in rows.items()}
     return report, [{p: parts[k] for p, parts in cut.items()} for k in range(num_blocks)]
 
@@ -276,7 +274,8 @@ def _sum_row_parts(row_parts: list[tuple[int, dict[int, Rows] | None]],
                    row_bounds: dict[int, np.ndarray], dtype: np.dtype) -> dict[int, Rows]:
     """One block's rows of every table, summed over partitions in partition order."""
     ordered = [rows for _, rows in sorted(row_parts, key=lambda pr: pr[0]) if rows]
-    return {p: sum_rows([rows.get(p) for rows in ordered], dtype) for p in row_bounds}
+    return {p: sum_rows([rows.get(p) for rows in ordered], dtype) for p in row_bounds
+            if any(p in rows for rows in ordered)}
 
 
 class DriverAllReduce:
@@ -340,4 +339,4 @@ def make_allreduce(layout: ParamLayout, path: str, num_partitions: int,
     if path == "driver":
         return DriverAllReduce(layout.size, layout.numpy_dtype, codec)
     return ShuffleAllReduce(layout.size, layout.numpy_dtype, num_blocks or num_partitions, codec,
-                            {k: layout.params[k].shape[0] for k in layout.sparse})
+                            {k: layout.params[k].shape[0] for k in layout.tables})

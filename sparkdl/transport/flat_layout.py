@@ -8,8 +8,8 @@ Three things travel, laid out once from the model, identically on both sides:
 * the **gradient vector** (tasks to driver, summed by the AllReduce): the trainable parameters'
   gradients in the *gradient dtype*: the parameters' own dtype for float64 and float32, float32 for
   float16 and bfloat16 parameters (the sum is formed in float32, then cast back on the driver).
-* the **rows** of the tables with sparse gradients (``nn.Embedding(sparse=True)``): not in the
-  vector; each task reports the ids it touched and their rows (:mod:`sparkdl.transport.sparse_rows`).
+* the **rows** of the embedding tables' gradients (``nn.Embedding``, ``nn.EmbeddingBag``): not
+  in the vector; each task reports the rows it touched (:mod:`sparkdl.transport.table_rows`).
 * beside it, in each task's report: which parameters received a gradient (a parameter that got
   none on every task keeps ``grad = None`` on the driver, as in torch, so optimizers skip it) and
   the raw bytes of every buffer the task changed (see :func:`combine_buffers` for the rule).
@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from ..errors import InvalidArgumentError, SparkdlError
-from .sparse_rows import Rows, rows_of, sparse_grad, sparse_parameter_names
+from .table_rows import Rows, dense_grad, dense_rows, rows_of, sparse_grad, table_parameters
 
 __all__ = ["ParamLayout", "combine_buffers", "summed_presence", "SUPPORTED_PARAM_DTYPES"]
 
@@ -54,7 +54,8 @@ class _Slot:
     stop: int
     byte_start: int     # byte offset in the state vector
     byte_stop: int
-    sparse: bool = False    # a sparse gradient: travels as rows, not in the gradient vector
+    rows: bool = False      # an embedding table: travels as rows, not in the gradient vector
+    sparse: bool = False    # ... whose gradient is a sparse tensor (sparse=True)
 
 
 def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
@@ -91,19 +92,22 @@ class ParamLayout:
         cast by the tasks)."""
         offset, byte_offset = 0, 0
         self.params: list[_Slot] = []
-        sparse_names = sparse_parameter_names(model)
+        tables = table_parameters(model)
         for name, p in params:
             nbytes = p.numel() * p.element_size()
-            length = 0 if name in sparse_names else p.numel()
+            length = 0 if name in tables else p.numel()
             self.params.append(_Slot(name, tuple(p.shape), p.dtype, offset, offset + length,
-                                     byte_offset, byte_offset + nbytes, name in sparse_names))
+                                     byte_offset, byte_offset + nbytes, name in tables,
+                                     tables.get(name, False)))
             offset += length
             byte_offset += -(-nbytes // _ALIGN) * _ALIGN
         self.num_param_values = offset
         self.size = offset
         """Length of the gradient vector."""
+        self.tables = [k for k, slot in enumerate(self.params) if slot.rows]
+        """Indices of the parameters whose gradients travel as rows (embedding tables)."""
         self.sparse = [k for k, slot in enumerate(self.params) if slot.sparse]
-        """Indices of the parameters whose gradients travel as rows."""
+        """... of those whose gradients are sparse tensors."""
         self.buffers: list[_Slot] = []
         for name, b in model.named_buffers():
             if b is None:
@@ -117,8 +121,8 @@ class ParamLayout:
                      for n, t in model.named_parameters()]
         described += [(n, tuple(b.shape), str(b.dtype), False) for n, b in model.named_buffers()
                       if b is not None]
-        if self.sparse:
-            described.append(("sparse", sorted(sparse_names)))
+        if tables:
+            described.append(("tables", sorted(tables.items())))
         self.fingerprint = hashlib.sha1(repr(described).encode()).hexdigest()[:16]
         self._pinned: dict[str, torch.Tensor] = {}      # reused page-locked host buffers
         self._pinned_copy: Any = None                   # CUDA event of the last copy from one
@@ -188,18 +192,19 @@ class ParamLayout:
         if device.type == "cuda":      # one device-to-host copy through a reused pinned buffer
             flat = torch.cat([g.detach().reshape(-1).to(self.torch_dtype) if g is not None else
                               torch.zeros(s.stop - s.start, dtype=self.torch_dtype,
-                                          device=device) for g, s in zip(grads, self.params)])
+                                          device=device) for g, s in zip(grads, self.params)
+                              if not s.rows])   # tables travel as rows (table_rows)
             pinned = self._host_buffer("grads", self.size, self.torch_dtype)
             pinned.copy_(flat)
             return pinned.numpy().copy(), present
         out = np.zeros(self.size, dtype=self.numpy_dtype)
         for g, slot in zip(grads, self.params):
-            if g is not None and not slot.sparse:
+            if g is not None and not slot.rows:
                 out[slot.start:slot.stop] = g.detach().reshape(-1).to(self.torch_dtype).numpy()
         return out, present
 
-    def sparse_rows(self, model: nn.Module) -> dict[int, Rows]:
-        """The rows of every sparse gradient of ``model`` (by parameter index), in the gradient
+    def table_rows(self, model: nn.Module) -> dict[int, Rows]:
+        """The rows of every embedding table's gradient (by parameter index), in the gradient
         dtype; a parameter's gradient must be sparse exactly where the layout says so."""
         tensors = dict(model.named_parameters())
         rows: dict[int, Rows] = {}
@@ -216,6 +221,8 @@ class ParamLayout:
                     "weight elsewhere in the model).")
             if slot.sparse:
                 rows[k] = rows_of(g, self.numpy_dtype)
+            elif slot.rows:
+                rows[k] = dense_rows(g, self.numpy_dtype)
         return rows
 
     def changed_buffers(self, model: nn.Module, state: np.ndarray) -> dict[int, bytes]:
@@ -245,10 +252,10 @@ class ParamLayout:
             if not present[k]:
                 tensors[slot.name].grad = None
                 continue
-            if slot.sparse:
+            if slot.rows:
                 got = (rows or {}).get(k)
-                tensors[slot.name].grad = (None if got is None else
-                                           sparse_grad(got, tensors[slot.name]))
+                make = sparse_grad if slot.sparse else dense_grad
+                tensors[slot.name].grad = None if got is None else make(got, tensors[slot.name])
                 continue
             # .to() returns the view itself when the dtype already matches
             tensors[slot.name].grad = flat[slot.start:slot.stop].view(slot.shape).to(slot.dtype)
