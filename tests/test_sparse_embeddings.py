@@ -66,6 +66,22 @@ def train(rdd, model, optimizer, iterations=ITERATIONS, **kwargs):
                            **kwargs)
 
 
+def against_single_process(data, make_model, make_optimizer, seed, moved=1e-3, **kwargs):
+    """Train ``make_model()`` with sparkdl and with plain torch on the same union batches;
+    assert they agree to 1e-5 and that the weights moved; return both models' initial copy
+    and the trained one."""
+    x, y, rdd = data
+    torch.manual_seed(seed)
+    net = make_model()
+    initial = copy.deepcopy(net)
+    train(rdd, net, make_optimizer(net), **kwargs).optimize()
+    reference = reference_train(initial, x, y, nn.MSELoss(), make_optimizer,
+                                BatchPlan(SIZES, BATCH, SEED, True), ITERATIONS)
+    assert max_abs_diff(net, reference) <= 1e-5
+    assert max_abs_diff(net, initial) > moved                 # it trained
+    return initial, net
+
+
 @pytest.fixture(scope="module")
 def data(sc):
     x, y = ratings(sum(SIZES))
@@ -74,17 +90,10 @@ def data(sc):
 
 @pytest.mark.parametrize("allreduce", ["driver", "shuffle"])
 def test_sparse_tables_with_adagrad_equal_single_process(data, allreduce):
-    x, y, rdd = data
-    torch.manual_seed(1)
-    net = TwoTower()
-    initial = copy.deepcopy(net)
-    train(rdd, net, torch.optim.Adagrad(net.parameters(), lr=0.1), allreduce=allreduce,
-          num_blocks=3).optimize()
-    reference = reference_train(initial, x, y, nn.MSELoss(),
-                                lambda m: torch.optim.Adagrad(m.parameters(), lr=0.1),
-                                BatchPlan(SIZES, BATCH, SEED, True), ITERATIONS)
-    assert max_abs_diff(net, reference) <= 1e-5
-    assert max_abs_diff(net, initial) > 1e-2                 # it trained
+    initial, net = against_single_process(
+        data, TwoTower, lambda m: torch.optim.Adagrad(m.parameters(), lr=0.1), 1, 1e-2,
+        allreduce=allreduce, num_blocks=3)
+    x = data[0]
     # Adagrad leaves rows no batch touched (zero gradient, zero state) exactly as they were
     untouched = np.setdiff1d(np.arange(ITEMS), x[:, 1])
     assert len(untouched) > ITEMS // 2
@@ -104,16 +113,9 @@ def test_shuffle_and_driver_paths_give_bitwise_the_same_weights(data):
 
 
 def test_sparse_adam_and_adam_as_two_optimizers_equal_single_process(data):
-    x, y, rdd = data
-    torch.manual_seed(2)
-    net = TwoTower()
-    initial = copy.deepcopy(net)
-    train(rdd, net, tables_and_rest(net)).optimize()
-    reference = reference_train(initial, x, y, nn.MSELoss(),
-                                lambda m: OptimizerSequence(tables_and_rest(m)),
-                                BatchPlan(SIZES, BATCH, SEED, True), ITERATIONS)
-    assert max_abs_diff(net, reference) <= 1e-5
-    untouched = np.setdiff1d(np.arange(ITEMS), x[:, 1])      # SparseAdam leaves them
+    initial, net = against_single_process(
+        data, TwoTower, lambda m: OptimizerSequence(tables_and_rest(m)), 2)
+    untouched = np.setdiff1d(np.arange(ITEMS), data[0][:, 1])  # SparseAdam leaves them
     assert torch.equal(net.item.weight[untouched], initial.item.weight[untouched])
     assert not torch.equal(net.item.weight, initial.item.weight)
 
@@ -194,17 +196,9 @@ def test_an_optimizer_that_cannot_take_sparse_gradients_is_refused_before_any_jo
 @pytest.mark.parametrize("allreduce", ["driver", "shuffle"])
 def test_dense_tables_sent_as_rows_equal_single_process(data, allreduce):
     """Tables with sparse=False travel as their non-zero rows; dense Adam moves every row."""
-    x, y, rdd = data
-    torch.manual_seed(7)
-    net = TwoTower(sparse=False)
-    initial = copy.deepcopy(net)
-    train(rdd, net, torch.optim.Adam(net.parameters(), lr=0.01), allreduce=allreduce,
-          num_blocks=3).optimize()
-    reference = reference_train(initial, x, y, nn.MSELoss(),
-                                lambda m: torch.optim.Adam(m.parameters(), lr=0.01),
-                                BatchPlan(SIZES, BATCH, SEED, True), ITERATIONS)
-    assert max_abs_diff(net, reference) <= 1e-5
-    assert max_abs_diff(net, initial) > 1e-3
+    against_single_process(data, lambda: TwoTower(sparse=False),
+                           lambda m: torch.optim.Adam(m.parameters(), lr=0.01), 7,
+                           allreduce=allreduce, num_blocks=3)
 
 
 class Factorisation(nn.Module):
@@ -221,17 +215,9 @@ class Factorisation(nn.Module):
 
 @pytest.mark.parametrize("sparse", [True, False])
 def test_a_model_of_tables_only_trains_through_the_shuffle(data, sparse):
-    x, y, rdd = data
-    torch.manual_seed(8)
-    net = Factorisation(sparse)
-    initial = copy.deepcopy(net)
-    train(rdd, net, torch.optim.SGD(net.parameters(), lr=0.5), allreduce="shuffle",
-          num_blocks=3).optimize()
-    reference = reference_train(initial, x, y, nn.MSELoss(),
-                                lambda m: torch.optim.SGD(m.parameters(), lr=0.5),
-                                BatchPlan(SIZES, BATCH, SEED, True), ITERATIONS)
-    assert max_abs_diff(net, reference) <= 1e-5
-    assert max_abs_diff(net, initial) > 1e-3
+    against_single_process(data, lambda: Factorisation(sparse),
+                           lambda m: torch.optim.SGD(m.parameters(), lr=0.5), 8,
+                           allreduce="shuffle", num_blocks=3)
 
 
 def test_a_dense_table_gradient_travels_as_rows_only_when_smaller():
