@@ -120,6 +120,25 @@ def fit_large(spark, data_dir, exchange_dir=""):
     return large_estimator(exchange_dir).fit(spark.read.parquet(f"{data_dir}/ids"))
 
 
+def fit_sparse_tables(spark, data_dir):
+    """A table with sparse gradients (SparseAdam) and a dense head (SGD): two optimizers."""
+    from sparkdl import NNEstimator
+
+    def net():
+        torch.manual_seed(6)
+        return torch.nn.Sequential(torch.nn.Embedding(USERS, 4, sparse=True),
+                                   torch.nn.Linear(4, 1), torch.nn.Flatten(0))
+
+    def optimizers(params, lr, model):
+        return [torch.optim.SparseAdam(model[0].parameters(), lr=lr),
+                torch.optim.SGD(model[1].parameters(), lr=lr)]
+
+    return NNEstimator(model=net, criterion=torch.nn.MSELoss(), inputCols=["user"],
+                       labelCol="rating", batchSize=100, maxEpoch=1, seed=2, numTrainWorkers=2,
+                       optimizerFactory=optimizers, learningRate=0.05, progressBar=False
+                       ).fit(spark.read.parquet(f"{data_dir}/ids"))
+
+
 def cross_validate(spark, data_dir):
     from pyspark.ml.evaluation import MulticlassClassificationEvaluator
     from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
@@ -171,6 +190,7 @@ def main_phase(spark, data_dir, out, results):
     torch.save(fit_regressor(spark, data_dir).state_dict(), f"{out}/regressor.pt")
     net, summary = engine_shuffle(spark, data_dir, connect=True)
     torch.save(net.state_dict(), f"{out}/shuffle.pt")
+    torch.save(fit_sparse_tables(spark, data_dir).state_dict(), f"{out}/sparse_tables.pt")
 
     # save / overwrite / load, and the estimator itself
     path = f"{out}/saved_model"

@@ -82,6 +82,12 @@ def test_shuffle_allreduce_as_dataframe_jobs_equals_the_rdd_shuffle(spark, conne
     assert bitwise_equal(net.state_dict(), _weights(out, "shuffle.pt"))
 
 
+def test_sparse_tables_with_two_optimizers_equal_the_classic_path(spark, connect_run):
+    data_dir, out, _ = connect_run
+    assert bitwise_equal(job.fit_sparse_tables(spark, data_dir).state_dict(),
+                         _weights(out, "sparse_tables.pt"))
+
+
 def test_large_model_travels_through_the_exchange_dir_bitwise(spark, connect_run):
     data_dir, out, results = connect_run
     assert "more than the 8 MiB" in results["large_without_exchange_error"]

@@ -262,3 +262,40 @@ def test_in_process_runner_gives_bitwise_the_spark_result(data):
         trained.append(train(source, net, torch.optim.SGD(net.parameters(), lr=0.3),
                              iterations=4, allreduce="driver").optimize())
     assert bitwise_equal(*trained)
+
+
+class UserItem(nn.Module):
+    """The two-tower model taking the user and item id columns as two arguments."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.towers = TwoTower()
+
+    def forward(self, user: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
+        return self.towers(torch.stack([user, item], 1))
+
+
+def test_estimator_trains_sparse_tables_from_id_columns_with_two_optimizers(spark):
+    from sparkdl import NNEstimator
+
+    x, y = ratings(200, seed=3)
+    df = spark.createDataFrame([(int(u), int(i), float(r)) for (u, i), r in zip(x, y)],
+                               ["user", "item", "rating"])
+
+    def optimizers(params, lr, model):
+        towers = model.towers
+        return [torch.optim.SparseAdam([towers.user.weight, towers.item.weight], lr=lr),
+                torch.optim.Adam(towers.head.parameters(), lr=lr / 5)]
+
+    torch.manual_seed(9)
+    net = UserItem()
+    est = NNEstimator(model=net, criterion=nn.MSELoss(), optimizerFactory=optimizers,
+                      learningRate=0.05, inputCols=["user", "item"], labelCol="rating",
+                      maxEpoch=2, batchSize=32, numTrainWorkers=1, seed=3, progressBar=False)
+    fitted = est.fit(df)
+    plan = BatchPlan([len(y)], 32, 3, True)
+    expected = reference_train(net, (x[:, 0].copy(), x[:, 1].copy()), y, nn.MSELoss(),
+                               lambda m: OptimizerSequence(optimizers(None, 0.05, m)), plan,
+                               2 * plan.iterations_per_epoch)
+    assert max_abs_diff(fitted.module, expected) <= 1e-5
+    assert max_abs_diff(fitted.module, net) > 1e-3

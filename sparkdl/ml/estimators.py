@@ -33,6 +33,7 @@ from ..data.dataframe_arrays import (check_label_column, check_weight_column, fe
                                      frame_blocks, input_expressions, numpy_float_dtype)
 from ..data.dataframe_partitions import default_parallelism
 from ..engine.distri_optimizer import DistriOptimizer
+from ..engine.optimizer_sequence import as_optimizer
 from ..engine.rng_isolation import private_torch_rng
 from ..executor.step import as_model_input
 from ..losses import CLASS_INDEX_LOSSES, IGNORE_INDEX
@@ -72,14 +73,17 @@ _FACTORY_KEYWORDS = {"lr": "learningRate", "momentum": "momentum", "weight_decay
 """Keyword arguments an ``optimizerFactory`` may take, and the Params they come from."""
 
 
-def _optimizer(stage: Any, params: Any) -> torch.optim.Optimizer:
+def _optimizer(stage: Any, model: nn.Module) -> torch.optim.Optimizer:
     """The optimizer of a fit: ``optimizer`` with ``learningRate``, ``momentum`` and
-    ``weightDecay``, or ``optimizerFactory(params, **keywords)``, given those of ``lr``,
-    ``momentum`` and ``weight_decay`` it names (so a tuning grid over ``learningRate`` reaches
-    it). A factory that takes none of them, with any of those Params set, is an error: the
+    ``weightDecay``, or ``optimizerFactory(model.parameters(), **keywords)``, given those of
+    ``lr``, ``momentum`` and ``weight_decay`` it names (so a tuning grid over ``learningRate``
+    reaches it), and ``model`` (the model being trained) if it names it. A factory may return a
+    list of optimizers over disjoint parameters (an :class:`~sparkdl.OptimizerSequence`). A
+    factory that takes none of the keywords, with any of those Params set, is an error: the
     Params would be silently ignored."""
     get = stage.getOrDefault
     factory = stage.optimizer_factory
+    params = model.parameters()
     if factory is None:
         return _torch_optimizer(get("optimizer"), params, get("learningRate"), get("momentum"),
                                 get("weightDecay"))
@@ -87,6 +91,7 @@ def _optimizer(stage: Any, params: Any) -> torch.optim.Optimizer:
     any_keyword = any(p.kind is p.VAR_KEYWORD for p in signature.values())
     keywords = {k: get(param) for k, param in _FACTORY_KEYWORDS.items()
                 if k in signature or any_keyword}
+    extra = {"model": model} if "model" in signature else {}
     ignored = [name for name in ("optimizer", *_FACTORY_KEYWORDS.values())
                if stage.isSet(stage.getParam(name))
                and name not in {_FACTORY_KEYWORDS[k] for k in keywords}]
@@ -98,7 +103,7 @@ def _optimizer(stage: Any, params: Any) -> torch.optim.Optimizer:
             "arguments: optimizerFactory=lambda params, lr, momentum, weight_decay: "
             "torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay) "
             "(any of lr, momentum, weight_decay; the optimizer Param cannot be combined).")
-    return factory(params, **keywords)
+    return as_optimizer(factory(params, **keywords, **extra))
 
 
 class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
@@ -193,7 +198,7 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
                 raise InvalidArgumentError(
                     f"The initialModel of {type(self).__name__} does not fit its model: "
                     f"{str(exc).splitlines()[0]} ...") from exc
-        optimizer = _optimizer(self, model.parameters())    # before any cluster work
+        optimizer = _optimizer(self, model)    # before any cluster work
         spark = dataset.sparkSession
         connect = is_connect_session(spark)
         if connect:   # before any cluster work: can the weights travel?
@@ -439,12 +444,19 @@ class NNEstimator(_NNEstimatorBase, NNParams):
         optimizerFactory: optional ``params -> torch.optim.Optimizer``, used instead of
             ``optimizer``; it may take keyword arguments ``lr``, ``momentum``, ``weight_decay``,
             given from ``learningRate``, ``momentum``, ``weightDecay`` (so tuning grids reach
-            it); setting those Params for a factory that does not take them is an error.
+            it); setting those Params for a factory that does not take them is an error. A
+            factory that takes ``model`` is given the model being trained, and may return a
+            list of optimizers over disjoint parameters (SparseAdam for tables built with
+            ``sparse=True``, Adam for the rest): ``lambda params, lr, model:
+            [torch.optim.SparseAdam(model.tables.parameters(), lr=lr),
+            torch.optim.Adam(model.head.parameters(), lr=lr)]``.
         augment: optional ``(features, rng) -> features`` run in the tasks on every training
             batch (after ``preprocess``; the list of arrays with ``inputCols``), ``rng`` a numpy
             Generator seeded by (seed, iteration, partition): bitwise reproducible, never
             applied to validation rows or in ``transform``.
-        lrScheduler: optional ``optimizer -> torch LR scheduler``, stepped after every epoch.
+        lrScheduler: optional ``optimizer -> torch LR scheduler``, stepped after every epoch;
+            with several optimizers it is given their :class:`~sparkdl.OptimizerSequence` and
+            may return a list of schedulers over ``optimizer.optimizers``.
         initialModel: optional warm start: a fitted model (or a state dict) whose weights the
             new model starts from instead of its own initialisation.
         collate: optional ``(inputs) -> model arguments`` for batches with ``sequenceCols``
