@@ -299,3 +299,33 @@ def test_estimator_trains_sparse_tables_from_id_columns_with_two_optimizers(spar
                                2 * plan.iterations_per_epoch)
     assert max_abs_diff(fitted.module, expected) <= 1e-5
     assert max_abs_diff(fitted.module, net) > 1e-3
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_a_masked_loss_divides_the_tables_rows_like_the_vector(sparse):
+    """Ignored targets: the driver divides by the union's count of targets, rows included."""
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ids, self.out = nn.Embedding(50, 4, sparse=sparse), nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(self.ids(x))
+
+    rng = np.random.default_rng(4)
+    n = sum(SIZES)
+    x, y = rng.integers(0, 50, n).astype(np.int64), rng.integers(-1, 3, n).astype(np.int64)
+    parts = [list(zip(x[a:b], y[a:b])) for a, b in
+             zip(np.cumsum([0] + SIZES[:-1]), np.cumsum(SIZES))]
+    criterion = nn.CrossEntropyLoss(ignore_index=-1)
+    torch.manual_seed(0)
+    net = Net()
+    initial = copy.deepcopy(net)
+    DistriOptimizer(net, LocalPartitions(parts), criterion,
+                    torch.optim.SGD(net.parameters(), lr=0.5), batch_size=BATCH,
+                    end_trigger=MaxIteration(ITERATIONS), seed=SEED, progress_bar=False).optimize()
+    reference = reference_train(initial, x, y, criterion,
+                                lambda m: torch.optim.SGD(m.parameters(), lr=0.5),
+                                BatchPlan(SIZES, BATCH, SEED, True), ITERATIONS)
+    assert max_abs_diff(net, reference) <= 1e-5
+    assert max_abs_diff(net, initial) > 1e-2

@@ -76,8 +76,10 @@ def _normalize(result: AllReduceResult, batch_size: int, what: str, weighted: bo
             "undefined (NaN in torch). Check the labels' padding, or use a larger batch.")
     assert result.vector is not None
     np.divide(result.vector, total / batch_size, out=result.vector, casting="unsafe")
-    if result.rows:
-        result.rows = scale_rows(result.rows, batch_size / total)
+    if result.rows:     # the same division as the vector's (bitwise the dense result)
+        result.rows = {k: (ids, np.divide(values, total / batch_size).astype(values.dtype,
+                                                                               copy=False))
+                       for k, (ids, values) in result.rows.items()}
     for r in result.reports:
         r.loss /= total
 

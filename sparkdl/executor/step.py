@@ -80,8 +80,8 @@ class TaskReport:
     normaliser: float = 0.0    # the loss's normaliser over this task's rows, when the driver
     # divides (sample weights: the sum of the weights; masked or class-weighted losses: the
     # count or weight of the targets, sparkdl.losses); 0 when the task weighted by rows
-    table_rows: dict[int, Rows] | None = None   # the sparse gradients' rows, by parameter
-    # index (sparkdl.transport.table_rows); the shuffle moves them into its blocks
+    table_rows: dict[int, Rows] | None = None   # the embedding tables' gradient rows, by
+    # parameter index (sparkdl.transport.table_rows); the shuffle moves them into its blocks
 
 
 def set_task_threads(sub_replicas: int = 1) -> None:
