@@ -17,7 +17,7 @@ from sparkdl import BatchPlan, DistriOptimizer, InvalidArgumentError, OptimizerS
 from sparkdl.data.ragged import Ragged
 from sparkdl.runners import LocalPartitions
 from sparkdl.transport.flat_layout import ParamLayout
-from sparkdl.transport.table_rows import dense_rows, split_rows, sum_rows
+from sparkdl.transport.table_rows import dense_grad, dense_rows, split_rows, sum_rows
 from sparkdl.triggers import MaxIteration, SeveralIteration
 
 SIZES, BATCH, SEED, ITERATIONS = [90, 40, 130, 60], 48, 11, 12
@@ -329,3 +329,19 @@ def test_a_masked_loss_divides_the_tables_rows_like_the_vector(sparse):
                                 BatchPlan(SIZES, BATCH, SEED, True), ITERATIONS)
     assert max_abs_diff(net, reference) <= 1e-5
     assert max_abs_diff(net, initial) > 1e-2
+
+
+def test_rows_sum_bitwise_like_the_dense_tables_in_partition_order():
+    """Explicit and whole-table rows of three tasks sum to bitwise the dense sum
+    (g0 + g1) + g2 that the flat vector forms."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        grads = []
+        for _ in range(3):
+            g = np.zeros((16, 8), np.float32)
+            rows = rng.choice(16, int(rng.integers(1, 17)), replace=False)
+            g[rows] = rng.normal(size=(len(rows), 8)) * 10.0 ** float(rng.integers(-8, 2))
+            grads.append(g)
+        parts = [dense_rows(torch.from_numpy(g), np.float32) for g in grads]
+        total = dense_grad(sum_rows(parts, np.float32), torch.zeros(16, 8)).numpy()
+        assert np.array_equal(total, (grads[0] + grads[1]) + grads[2])

@@ -69,7 +69,7 @@ def _contiguous(rows: Rows) -> bool:
 
 def sum_rows(parts: Iterable[Rows | None], dtype: np.dtype) -> Rows:
     """The rows of ``parts`` added up by id, in the order of ``parts``: one deterministic,
-    sequential sum per id. Parts that are all the same contiguous rows are added as arrays;
+    sequential sum per id, starting from zero (``np.add.reduceat`` would not add in order). Parts that are all the same contiguous rows are added as arrays;
     otherwise ids come out explicit, sorted and unique."""
     given = [p for p in parts if p is not None]
     if given and all(_contiguous(p) for p in given) and \
@@ -84,12 +84,12 @@ def sum_rows(parts: Iterable[Rows | None], dtype: np.dtype) -> Rows:
         return np.zeros(0, np.int64), values[:0]
     ids = np.concatenate([row_ids(p) for p in nonempty]).astype(np.int64, copy=False)
     values = np.concatenate([np.asarray(p[1], dtype=dtype) for p in nonempty])
-    order = np.argsort(ids, kind="stable")        # keeps the parts' order for equal ids
-    ids, values = ids[order], values[order]
-    starts = np.flatnonzero(np.concatenate(([True], ids[1:] != ids[:-1])))
-    if len(starts) == len(ids):
-        return ids, values
-    return ids[starts], np.add.reduceat(values, starts, axis=0)
+    unique, where = np.unique(ids, return_inverse=True)
+    total = np.zeros((len(unique),) + values.shape[1:], dtype=dtype)
+    # unbuffered, element by element in the parts' order: 0 + a + b + ..., as the flat
+    # vector's sum of the dense tables (whose untouched rows are zeros) adds them
+    np.add.at(total, where.reshape(-1), values)
+    return unique, total
 
 
 def rows_of(grad: torch.Tensor, dtype: np.dtype) -> Rows:
