@@ -9,15 +9,13 @@ takes a list of optimizers (``optimizer=[...]``) and of schedulers and wraps the
 Example::
 
     tables = [model.user.weight, model.item.weight]
-    rest = [p for n, p in model.named_parameters() if not n.endswith("user.weight") ...]
     optimizer = OptimizerSequence([torch.optim.SparseAdam(tables, lr=0.01),
-                                   torch.optim.Adam(rest, lr=0.001)])
+                                   torch.optim.Adam(model.head.parameters(), lr=0.001)])
     optimizer.step()            # SparseAdam, then Adam
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Sequence
 
 import torch
@@ -50,9 +48,10 @@ class OptimizerSequence(torch.optim.Optimizer):
                     seen[id(p)] = k
         if not self.optimizers:
             raise InvalidArgumentError("optimizer: an empty sequence of optimizers.")
+        from .training_loop import needs_closure
+
         for k, opt in enumerate(self.optimizers):
-            closure = inspect.signature(opt.step).parameters.get("closure")
-            if closure is not None and closure.default is inspect.Parameter.empty:
+            if needs_closure(opt):
                 raise InvalidArgumentError(
                     f"optimizer[{k}] ({type(opt).__name__}) needs a closure at every step: it "
                     "cannot be one of several optimizers. Train it alone.")

@@ -260,7 +260,7 @@ class ShuffleAllReduce:
 
 def _rows_by_block(report: Any, row_bounds: dict[int, np.ndarray], num_blocks: int
                    ) -> tuple[Any, list[dict[int, Rows] | None]]:
-    """The report without its sparse rows, and those rows cut into the blocks' id ranges (one
+    """The report without its tables' rows, and those rows cut into the blocks' id ranges (one
     dict by parameter per block; None per block when there are none)."""
     rows = getattr(report, "table_rows", None)
     if not rows:
