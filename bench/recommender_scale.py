@@ -41,6 +41,7 @@ from compare_runners import TD_TIMEOUT_S, _kill_torchrun_after  # noqa: E402
 from sparkdl.data.batch_plan import BatchPlan  # noqa: E402
 
 USERS, DIM, BATCH, SAMPLES, PARTITIONS, SEED, LR = 100_000, 32, 2048, 65_536, 2, 0, 1e-3
+ALLREDUCE = ["shuffle"]          # --allreduce
 
 
 class TwoTower(nn.Module):
@@ -167,7 +168,7 @@ def run_sparkdl(items: int, steps: int, warmup: int, sc: Any = None) -> dict[str
     net = model(items)
     opt = DistriOptimizer(net, sc.parallelize(list(zip(x, y)), PARTITIONS), nn.MSELoss(),
                           optimizers(net), batch_size=BATCH, end_trigger=MaxIteration(steps),
-                          seed=SEED, progress_bar=False, allreduce="shuffle")
+                          seed=SEED, progress_bar=False, allreduce=ALLREDUCE[0])
     opt.optimize()
     timed = opt.summary.iterations[warmup:]
     out = {"samples_per_s": BATCH / statistics.median(r.wall_s for r in timed),
@@ -188,13 +189,17 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--master", default="local[2]")
+    p.add_argument("--allreduce", default="shuffle", choices=["shuffle", "driver", "auto"],
+                   help="sparkdl's AllReduce path")
     args = p.parse_args()
+    ALLREDUCE[0] = args.allreduce
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from sparkdl.spark_settings import spark_session
 
+    # a 4M-row table's full copy (500 MiB) is stored in the driver's block manager
     spark = spark_session("sparkdl bench: recommender scale", args.master,
-                          {"spark.ui.enabled": "false"})
+                          {"spark.ui.enabled": "false", "spark.driver.memory": "6g"})
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")
     results: dict[tuple[int, str], dict[str, float]] = {}

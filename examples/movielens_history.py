@@ -26,9 +26,9 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING)
 
     from sparkdl import NNClassifier
-    from sparkdl.data.ragged import Ragged, model_arguments
-    from sparkdl.datasets import (HistoryClassifier, auc, split_for_comparison,
-                                  train_single_process)
+    from sparkdl.data.ragged import Ragged
+    from sparkdl.datasets import (HistoryClassifier, auc, predict_single_process,
+                                  split_for_comparison, train_single_process)
     from sparkdl.spark_settings import spark_session
 
     spark = spark_session("sparkdl MovieLens history model", args.master)
@@ -56,10 +56,7 @@ def main() -> int:
     reference = train_single_process(
         model(), inputs(tr), tr["liked"].to_numpy(np.int64), torch.nn.CrossEntropyLoss(),
         args.lr, args.batch_size, args.epochs, args.seed)
-    reference.eval()
-    with torch.no_grad():
-        logits = reference(*[torch.from_numpy(np.asarray(a))
-                             for a in model_arguments(inputs(te))])
+    logits = predict_single_process(reference, inputs(te))
     single_auc = auc(torch.softmax(logits, 1)[:, 1].numpy(), te["liked"])
     gap = abs(sparkdl_auc - single_auc) / single_auc
     print(f"train ratings: {len(tr)}, test ratings (the latest 20%): {len(te)}, "

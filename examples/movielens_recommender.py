@@ -26,9 +26,9 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING)
 
     from sparkdl import NNEstimator
-    from sparkdl.data.ragged import Ragged, model_arguments
-    from sparkdl.datasets import (MovieRecommender, rmse, split_for_comparison,
-                                  train_single_process)
+    from sparkdl.data.ragged import Ragged
+    from sparkdl.datasets import (MovieRecommender, predict_single_process, rmse,
+                                  split_for_comparison, train_single_process)
 
     from sparkdl.spark_settings import spark_session
 
@@ -59,10 +59,7 @@ def main() -> int:
     reference = train_single_process(
         model(), inputs(tr), tr["rating"].to_numpy(np.float32), torch.nn.MSELoss(),
         args.lr, args.batch_size, args.epochs, args.seed)
-    reference.eval()
-    with torch.no_grad():
-        out = reference(*[torch.from_numpy(np.asarray(a))
-                          for a in model_arguments(inputs(te))]).numpy()
+    out = predict_single_process(reference, inputs(te)).numpy()
     single_rmse = rmse(out, te["rating"])
     gap = abs(sparkdl_rmse - single_rmse) / single_rmse
     print(f"train ratings: {len(tr)}, test ratings (the latest 20%): {len(te)}")

@@ -16,7 +16,8 @@ Example::
 """
 
 from .errors import (CheckpointError, InvalidArgumentError, ModelCriterionMismatchError,
-                     NonFiniteError, SparkdlError, TrainingDataError, TrainingStepError)
+                     NonFiniteError, ReplicaMismatchError, SparkdlError, TrainingDataError,
+                     TrainingStepError)
 from .data.batch_plan import BatchPlan
 from .engine.distri_optimizer import DistriOptimizer
 from .engine.optimizer_sequence import OptimizerSequence, SchedulerSequence
@@ -47,4 +48,5 @@ __all__ = [
     "TrainingStepError",
     "CheckpointError",
     "NonFiniteError",
+    "ReplicaMismatchError",
 ]

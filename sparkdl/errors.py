@@ -17,6 +17,12 @@ class SparkdlError(Exception):
     permanent = False
 
 
+class ReplicaMismatchError(SparkdlError):
+    """A task's model replica differs from the driver's weights (``verifyReplicas``)."""
+
+    permanent = True
+
+
 class InvalidArgumentError(SparkdlError, ValueError):
     """An argument given to the engine (or a Param of an estimator) has a wrong type or value."""
 

@@ -5,7 +5,8 @@
                           [--allreduce auto|shuffle|driver] [--validation] [--sizes N,N,..]
                           [--locality-wait 0] [--slow-partition P] [--encrypt-io]
                           [--scan-local-dir DIR] [--slow-executor WORKER_DIR]
-                          [--warm-executors N] [--conf KEY=VALUE ...]
+                          [--warm-executors N] [--conf KEY=VALUE ...] [--tables]
+                          [--fault-at-call N]
 
 Prints the number of executors, the number of finished iterations, and saves the trained
 state_dict. Used by the tests that need a master other than the session's local[2], faults, or a
@@ -25,7 +26,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from models import (FaultInjectingLoss, SlowExecutorLoss, SlowPartitionLoss,  # noqa: E402
-                    SmallNet, classification_data, make_rdd)
+                    SmallNet, TablesNet, classification_data, id_pairs_data, make_rdd,
+                    tables_optimizer)
 
 SIZES = [40, 0, 25, 35]
 BATCH = 16
@@ -93,9 +95,10 @@ def files_containing(dirs, patterns):
 
 
 def train(sc, iterations=ITERATIONS, criterion=None, checkpoint=None, allreduce="auto",
-          validation=False, sizes=SIZES, during=None):
+          validation=False, sizes=SIZES, during=None, tables=False):
     """``during``: called once with no argument after the third iteration (a scan of the
-    executors' disks, for instance)."""
+    executors' disks, for instance). ``tables``: a TablesNet (sparse embedding tables under
+    SparseAdam, the head under Adam) on id pairs, without a scheduler."""
     from sparkdl import DistriOptimizer
     from sparkdl.triggers import MaxIteration, SeveralIteration, Trigger
 
@@ -108,15 +111,16 @@ def train(sc, iterations=ITERATIONS, criterion=None, checkpoint=None, allreduce=
                 during()
             return self.inner(state)
 
-    x, y = classification_data(sum(sizes), seed=1)
+    x, y = (id_pairs_data if tables else classification_data)(sum(sizes), seed=1)
     torch.manual_seed(7)
-    net = SmallNet()
-    optimizer = torch.optim.Adam(net.parameters(), lr=0.01)
+    net = TablesNet() if tables else SmallNet()
+    optimizer = tables_optimizer(net) if tables else torch.optim.Adam(net.parameters(), lr=0.01)
     opt = DistriOptimizer(net, make_rdd(sc, list(zip(x, y)), sizes),
                           criterion or torch.nn.CrossEntropyLoss(), optimizer,
                           batch_size=BATCH, end_trigger=CallingTrigger(MaxIteration(iterations)),
                           seed=SEED,
-                          lr_scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.7),
+                          lr_scheduler=None if tables else
+                          torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.7),
                           allreduce=allreduce)
     if validation:
         from sparkdl import Loss, Top1Accuracy
@@ -134,10 +138,14 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("master")
     p.add_argument("out")
-    p.add_argument("--fault", choices=["task", "executor", "executor-validation"])
+    p.add_argument("--fault", choices=["task", "worker", "executor", "executor-validation"])
     p.add_argument("--allreduce", default="auto")
     p.add_argument("--validation", action="store_true")
     p.add_argument("--marker")
+    p.add_argument("--fault-at-call", type=int, default=3,
+                   help="the fault comes at this call of the loss in a worker")
+    p.add_argument("--tables", action="store_true",
+                   help="train TablesNet (sparse tables, SparseAdam + Adam) on id pairs")
     p.add_argument("--secure", action="store_true")
     p.add_argument("--checkpoint")
     p.add_argument("--iterations", type=int, default=ITERATIONS)
@@ -179,7 +187,8 @@ def main() -> None:
     sc.setLogLevel("ERROR")
     if args.warm_executors:
         warm_executors(sc, args.warm_executors)
-    criterion = FaultInjectingLoss(args.fault, args.marker) if args.fault else None
+    criterion = (FaultInjectingLoss(args.fault, args.marker, args.fault_at_call) if args.fault
+                 else None)
     if args.slow_partition is not None:
         criterion = SlowPartitionLoss(args.slow_partition)
     if args.slow_executor:
@@ -200,7 +209,7 @@ def main() -> None:
         scan = scan_disks
     started = time.perf_counter()
     trained, opt = train(sc, args.iterations, criterion, args.checkpoint, args.allreduce,
-                         args.validation, sizes, scan)
+                         args.validation, sizes, scan, args.tables)
     print(f"train_seconds={time.perf_counter() - started:.2f}")
     if args.secure:  # inference too: an Arrow UDF over a DataFrame on the secured cluster
         from sparkdl import NNClassifierModel

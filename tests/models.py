@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import os
+import signal
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -20,6 +22,37 @@ class SmallNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(torch.tanh(self.fc1(x)))
+
+
+class TablesNet(nn.Module):
+    """Two embedding tables (sparse gradients) and a linear head over their product: a
+    recommender-shaped classifier of (user, item) id pairs."""
+
+    def __init__(self, users: int = 40, items: int = 4000, dim: int = 8, classes: int = 3) -> None:
+        super().__init__()
+        self.user = nn.Embedding(users, dim, sparse=True)
+        self.item = nn.Embedding(items, dim, sparse=True)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.user(ids[:, 0]) * self.item(ids[:, 1]))
+
+
+def id_pairs_data(n: int, users: int = 40, items: int = 4000, seed: int = 0
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(user, item) id pairs and a class each."""
+    rng = np.random.default_rng(seed)
+    ids = np.stack([rng.integers(0, users, n), rng.integers(0, items, n)], 1).astype(np.int64)
+    return ids, ((ids[:, 0] + ids[:, 1]) % 3).astype(np.int64)
+
+
+def tables_optimizer(model: TablesNet) -> Any:
+    """SparseAdam for the tables, Adam for the head (an OptimizerSequence)."""
+    from sparkdl import OptimizerSequence
+
+    return OptimizerSequence([
+        torch.optim.SparseAdam([model.user.weight, model.item.weight], lr=0.05),
+        torch.optim.Adam(model.head.parameters(), lr=0.01)])
 
 
 class TwoInputNet(nn.Module):
@@ -171,7 +204,8 @@ def _claim_once(marker: str) -> bool:
 class FaultInjectingLoss(nn.CrossEntropyLoss):
     """Cross-entropy that injects one fault in a task, at its ``at_call``-th call in a worker.
 
-    ``fault`` is "task" (raise on the task's first attempt only), "executor" (SIGKILL the
+    ``fault`` is "task" (raise on the task's first attempt only), "worker" (SIGKILL the Python
+    worker that runs the task: the retry runs in a new one), "executor" (SIGKILL the
     executor JVM that runs the task) or "executor-validation" (the same, in a validation task:
     the criterion runs there for the Loss metric, without autograd). ``marker`` makes it happen
     once per run.
@@ -193,6 +227,8 @@ class FaultInjectingLoss(nn.CrossEntropyLoss):
                     and _claim_once(self.marker)):
                 if self.fault == "task":
                     raise RuntimeError("injected task failure (first attempt)")
+                if self.fault == "worker":
+                    os.kill(os.getpid(), signal.SIGKILL)
                 _kill_executor_jvm()
         return super().forward(output, target)
 

@@ -42,7 +42,8 @@ def test_classifier_outputs_work_with_spark_evaluators(spark):
     probs = np.array([v.toArray() for v in collect(out, "probability")])
     assert np.allclose(probs.sum(axis=1), 1.0)
     assert list(model.summary.columns) == ["epoch", "train_loss", "validation_Loss",
-                                           "validation_Top1Accuracy"]
+                                           "validation_Top1Accuracy", "iterations", "seconds"]
+    assert list(model.summary["iterations"]) == [model.summary["iterations"][0]] * 3
     assert len(model.summary) == 3
     ax = model.plot_summary()
     assert len(ax.get_lines()) == 3

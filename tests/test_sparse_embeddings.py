@@ -6,6 +6,7 @@ optimizer that cannot take sparse gradients is refused before any Spark job."""
 from __future__ import annotations
 
 import copy
+import re
 
 import numpy as np
 import pytest
@@ -345,3 +346,144 @@ def test_rows_sum_bitwise_like_the_dense_tables_in_partition_order():
         parts = [dense_rows(torch.from_numpy(g), np.float32) for g in grads]
         total = dense_grad(sum_rows(parts, np.float32), torch.zeros(16, 8)).numpy()
         assert np.array_equal(total, (grads[0] + grads[1]) + grads[2])
+
+
+@pytest.fixture
+def verified_replicas(sc):
+    """Every task hashes its whole replica and compares it with the driver's weights."""
+    sc.setLocalProperty("spark.sparkdl.verifyReplicas", "true")
+    yield
+    sc.setLocalProperty("spark.sparkdl.verifyReplicas", None)
+
+
+def test_row_deltas_keep_every_replica_bitwise_the_drivers_for_50_iterations(
+        data, verified_replicas, caplog):
+    """SparseAdam (tables) and Adam (head): the refresh sends the touched rows and the head;
+    a full copy when the deltas since the last would outgrow it. Every task of 50 iterations
+    checks its replica's hash against the driver's; the result equals single-process torch."""
+    x, y, rdd = data
+    torch.manual_seed(4)
+    net = TwoTower()
+    initial = copy.deepcopy(net)
+    with caplog.at_level("INFO", logger="sparkdl"):
+        train(rdd, net, tables_and_rest(net), iterations=50).optimize()
+    line = next(r.getMessage() for r in caplog.records
+                if r.getMessage().startswith("the weights travelled as"))
+    fulls, deltas = (int(w) for w in re.findall(r"(\d+) (?:full copies|row deltas)", line))
+    assert deltas >= 30 and 2 <= fulls <= 20, line
+    reference = reference_train(initial, x, y, nn.MSELoss(),
+                                lambda m: OptimizerSequence(tables_and_rest(m)),
+                                BatchPlan(SIZES, BATCH, SEED, True), 50)
+    assert max_abs_diff(net, reference) <= 1e-5
+
+
+def _refresh_setup(optimizer_of):
+    """A driver's model, optimizer, weights and publisher (values held in this process) and a
+    function that makes a worker's replica of it."""
+    import pickle
+
+    from sparkdl.executor.replicas import Replica, ReplicaSpec
+    from sparkdl.transport.weight_refresh import (DriverWeights, HeldValue, RefreshPublisher,
+                                                  row_local_tables)
+
+    torch.manual_seed(6)
+    net = TwoTower()
+    optimizer = optimizer_of(net)
+    layout = ParamLayout(net)
+    weights = DriverWeights(layout, net, row_local_tables(layout, net, optimizer))
+    publisher = RefreshPublisher(HeldValue, layout.fingerprint, verify=True)
+    spec = pickle.dumps(ReplicaSpec(copy.deepcopy(net), nn.MSELoss(), "mean"))
+    return net, optimizer, weights, publisher, lambda: Replica(pickle.loads(spec))
+
+
+def _driver_step(net, optimizer, weights, rng):
+    """One optimizer step on a random batch, as the driver takes it; the next StateVersion."""
+    from sparkdl.transport.table_rows import Rows
+
+    ids = torch.from_numpy(np.stack([rng.integers(0, USERS, 16), rng.integers(0, ITEMS, 16)], 1))
+    nn.MSELoss()(net(ids), torch.ones(16)).backward()
+    rows: dict[int, Rows] = {}
+    for k, (_, p) in enumerate(net.named_parameters()):
+        if p.grad is not None and p.grad.is_sparse:
+            g = p.grad.coalesce()
+            rows[k] = (g.indices()[0].numpy(), g.values().numpy())
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return weights.advance(net, rows)
+
+
+def test_replicas_catch_up_through_deltas_or_read_the_full_copy():
+    """A replica one version behind applies one delta; one several behind applies them in
+    order; a new one reads the full copy: all hold bitwise the driver's weights (verified
+    by hash in sync_replica, and here tensor by tensor)."""
+    from sparkdl.transport.weight_refresh import row_local_tables, sync_replica
+
+    net, optimizer, weights, publisher, new_replica = _refresh_setup(
+        lambda m: OptimizerSequence(tables_and_rest(m)))
+    assert row_local_tables(weights.layout, net, optimizer) == [0, 1]   # the head is Adam's
+    rng = np.random.default_rng(0)
+    every, sometimes = new_replica(), new_replica()
+    reads = {"every": 0, "sometimes": 0, "late": 0}
+    kinds = []
+    for version in range(1, 31):
+        refresh = publisher.publish(weights.current())
+        kinds.append(len(refresh.deltas))
+        reads["every"] += sync_replica(every, refresh)[1]
+        if version % 4 == 0:
+            reads["sometimes"] += sync_replica(sometimes, refresh)[1]
+        _driver_step(net, optimizer, weights, rng)
+    refresh = publisher.publish(weights.current())
+    late = new_replica()
+    for name, replica in (("every", every), ("sometimes", sometimes), ("late", late)):
+        reads[name] += sync_replica(replica, refresh)[1]
+        assert bitwise_equal(replica.model, net), name
+    assert reads["late"] == 1 and reads["every"] == 1 and max(kinds) >= 3
+    assert publisher.delta_count >= 20 and publisher.full_copies >= 2
+
+
+def test_a_replica_that_missed_a_change_is_caught():
+    """A delta that does not chain onto the replica's version, and a replica whose weights
+    differ from the driver's, are errors the task raises, never silent."""
+    from sparkdl.errors import ReplicaMismatchError, SparkdlError
+    from sparkdl.transport.weight_refresh import sync_replica
+
+    net, optimizer, weights, publisher, new_replica = _refresh_setup(
+        lambda m: OptimizerSequence(tables_and_rest(m)))
+    rng = np.random.default_rng(1)
+    replica = new_replica()
+    sync_replica(replica, publisher.publish(weights.current()))
+    _driver_step(net, optimizer, weights, rng)
+    refresh = publisher.publish(weights.current())
+    version, chain, handle = refresh.deltas[-1]
+    ids, rows = handle.value.rows[1]
+    rows[0, 0] ^= 1                                  # one bit of one row, in transit
+    with pytest.raises(SparkdlError, match="does not chain onto"):
+        sync_replica(replica, refresh)
+    rows[0, 0] ^= 1
+    sync_replica(replica, refresh)                   # reads the full copy again, then the delta
+    with torch.no_grad():                            # a row the driver's weights do not have
+        replica.model.item.weight[int(ids[0])] += 1.0
+    replica.refresh_state.chain = chain
+    with pytest.raises(ReplicaMismatchError, match="differ from the driver's"):
+        sync_replica(replica, refresh)
+
+
+def test_only_optimizers_that_leave_untouched_rows_alone_get_row_deltas():
+    from sparkdl.transport.weight_refresh import row_local_tables
+
+    def local(make):
+        torch.manual_seed(0)
+        net = TwoTower()
+        return row_local_tables(ParamLayout(net), net, make(net))
+
+    assert local(lambda m: torch.optim.Adagrad(m.parameters(), lr=0.1)) == [0, 1]
+    assert local(lambda m: torch.optim.SGD(m.parameters(), lr=0.1)) == [0, 1]
+    assert local(lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)) == []
+    renormed = TwoTower()
+    renormed.item.max_norm = 1.0     # forward passes rewrite its rows in the replicas
+    assert row_local_tables(ParamLayout(renormed), renormed,
+                            torch.optim.Adagrad(renormed.parameters(), lr=0.1)) == [0]
+    assert local(lambda m: OptimizerSequence([
+        torch.optim.SparseAdam([m.user.weight], lr=0.1),
+        torch.optim.SGD([m.item.weight], lr=0.1, momentum=0.5),
+        torch.optim.Adam(m.head.parameters())])) == [0]

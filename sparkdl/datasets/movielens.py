@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["movielens_path", "read_movielens_pandas", "load_movielens", "time_split",
-           "split_for_comparison", "comparison_parser", "MOVIELENS_HISTORY", "rmse", "auc"]
+           "split_for_comparison", "cross_features", "comparison_parser", "MOVIELENS_HISTORY", "rmse", "auc"]
 
 MOVIELENS_HISTORY = 20
 """How many of the user's previous ratings ``history`` holds (fewer for early ratings)."""
@@ -95,6 +95,20 @@ def split_for_comparison(spark: Any, fraction: float = 0.8) -> tuple[Any, Any, A
     local = read_movielens_pandas()
     return (train, test, local[local["timestamp"] < cut], local[local["timestamp"] >= cut],
             int(local["item"].max()) + 1)
+
+
+def cross_features(frame: Any, rows: int) -> list[np.ndarray]:
+    """Hashed feature crosses of each rating, ids in ``[1, rows)`` (0 is padding): (user, genre)
+    for each of the movie's genres, and (user, item). A wide model's memorisation features."""
+    mod = rows - 1
+    out = []
+    for user, item, genres in zip(frame["user"].to_numpy(np.int64),
+                                  frame["item"].to_numpy(np.int64), frame["genres"]):
+        g = np.asarray(genres, np.int64)
+        ids = np.concatenate([(user * 1_000_003 + g * 7_919 + 1) % mod,
+                              [(user * 2_654_435_761 + item * 40_503 + 2) % mod]])
+        out.append(ids + 1)
+    return out
 
 
 def comparison_parser(description: str, epochs: int) -> Any:

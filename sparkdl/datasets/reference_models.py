@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["lenet5", "mlp", "MovieRecommender", "HistoryClassifier", "train_single_process"]
+__all__ = ["lenet5", "mlp", "MovieRecommender", "CrossFeatureRecommender", "HistoryClassifier",
+           "train_single_process", "predict_single_process"]
 
 
 def lenet5(num_classes: int = 10) -> nn.Sequential:
@@ -71,6 +72,41 @@ class MovieRecommender(nn.Module):
         return self.head(h).squeeze(1) + 3.5      # ratings centre near 3.5
 
 
+class CrossFeatureRecommender(nn.Module):
+    """Wide and deep rating prediction: the deep part is :class:`MovieRecommender`'s (user,
+    item and genre embeddings); the wide part a large hashed table of feature crosses (a
+    variable-length id list per rating, 0 is padding), summed per rating by an
+    ``nn.EmbeddingBag``; both feed a small MLP. The cross table starts at zero, so a cross never
+    trained adds nothing. ``sparse``: every table gives sparse gradients.
+
+    Example: ``CrossFeatureRecommender(671, 9066, 20, 2**21)(user, item, genres, genre_lengths,
+    crosses, cross_lengths)``.
+    """
+
+    def __init__(self, users: int, items: int, genres: int, cross_rows: int, dim: int = 16,
+                 sparse: bool = True) -> None:
+        super().__init__()
+        self.user = nn.Embedding(users, dim, sparse=sparse)
+        self.item = nn.Embedding(items, dim, sparse=sparse)
+        self.genre = nn.Embedding(genres, dim, sparse=sparse)
+        self.crosses = nn.EmbeddingBag(cross_rows, dim, mode="sum", padding_idx=0,
+                                       sparse=sparse)
+        nn.init.zeros_(self.crosses.weight)
+        self.head = nn.Sequential(nn.Linear(4 * dim, 32), nn.ReLU(), nn.Linear(32, 1))
+
+    def tables(self) -> list[nn.Parameter]:
+        """The embedding tables' weights (for SparseAdam; the rest is the head's)."""
+        return [self.user.weight, self.item.weight, self.genre.weight, self.crosses.weight]
+
+    def forward(self, user: torch.Tensor, item: torch.Tensor, genres: torch.Tensor,
+                genre_lengths: torch.Tensor, crosses: torch.Tensor,
+                cross_lengths: torch.Tensor) -> torch.Tensor:
+        h = torch.cat([self.user(user), self.item(item),
+                       _masked_mean(self.genre, genres, genre_lengths),
+                       self.crosses(crosses)], dim=1)
+        return self.head(h).squeeze(1) + 3.5
+
+
 class HistoryClassifier(nn.Module):
     """Liked or not, from the candidate item and the user's recent items (a variable-length
     sequence, received as padded ids and lengths): the mean history embedding next to the
@@ -95,16 +131,20 @@ class HistoryClassifier(nn.Module):
 
 def train_single_process(model: nn.Module, inputs: Sequence[Any], target: np.ndarray,
                          loss: Any, lr: float, batch_size: int, epochs: int, seed: int,
-                         padding_value: float = 0.0, training_step: Any = None) -> nn.Module:
+                         padding_value: float = 0.0, training_step: Any = None,
+                         optimizer: Any = None) -> nn.Module:
     """Plain PyTorch, one process: Adam, ``epochs`` passes in a seeded shuffled order, every
     batch's variable-length inputs (:class:`sparkdl.data.ragged.Ragged`) padded to its longest
     row and followed by their lengths, as sparkdl passes them. The reference the MovieLens
     examples compare sparkdl against. With ``training_step`` (:mod:`sparkdl.training_step`)
     each batch's loss is ``training_step(model, args, target)`` instead of
-    ``loss(model(*args), target)``."""
+    ``loss(model(*args), target)``; ``optimizer(model, lr)`` replaces Adam (it may return a
+    list of optimizers, stepped in order)."""
     from ..data.ragged import model_arguments
 
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    made = optimizer(model, lr) if optimizer is not None else torch.optim.Adam(
+        model.parameters(), lr=lr)
+    optimizers = list(made) if isinstance(made, (list, tuple)) else [made]
     rng = np.random.default_rng(seed)
     n = len(target)
     model.train()
@@ -115,12 +155,30 @@ def train_single_process(model: nn.Module, inputs: Sequence[Any], target: np.nda
             batch = [x.take(idx) if hasattr(x, "offsets") else x[idx] for x in inputs]
             args = [torch.from_numpy(np.asarray(a)) for a in model_arguments(batch,
                                                                              padding_value)]
-            optimizer.zero_grad()
+            for opt in optimizers:
+                opt.zero_grad()
             y = torch.from_numpy(target[idx])
             if training_step is None:
                 loss(model(*args), y).backward()
             else:
                 value = training_step(model, args, y)
                 (value[0] / value[1] if isinstance(value, tuple) else value).backward()
-            optimizer.step()
+            for opt in optimizers:
+                opt.step()
     return model
+
+
+def predict_single_process(model: nn.Module, inputs: Sequence[Any],
+                           padding_value: float = 0.0) -> torch.Tensor:
+    """``model``'s output on all of ``inputs`` (arrays and :class:`~sparkdl.data.ragged.Ragged`
+    inputs, passed as sparkdl passes them), in eval mode without autograd: the single-process
+    reference's predictions.
+
+    Example: ``out = predict_single_process(reference, [users, items]).numpy()``.
+    """
+    from ..data.ragged import model_arguments
+
+    model.eval()
+    with torch.no_grad():
+        return model(*[torch.from_numpy(np.asarray(a))
+                       for a in model_arguments(inputs, padding_value)])

@@ -36,6 +36,7 @@ from ..executor.step import StepSpec
 from ..transport.allreduce import AllReduceResult
 from ..transport.flat_layout import combine_buffers, summed_presence
 from ..transport.table_rows import gather_rows, rows_finite, scale_rows
+from ..transport.weight_refresh import DriverWeights, StateVersion, row_local_tables
 from ..triggers import EarlyStopping, MaxEpoch, MaxIteration, TrainingState, Trigger
 from .arguments import scheduler_needs_metric
 from .progress import ProgressReporter
@@ -138,7 +139,7 @@ class TrainingLoop:
                         ctx.loss_scaler.scale if ctx.loss_scaler is not None else 1.0,
                         ctx.settings.sub_replicas)
 
-    def _gradients(self, step: StepSpec, weights: np.ndarray) -> AllReduceResult:
+    def _gradients(self, step: StepSpec, weights: StateVersion) -> AllReduceResult:
         ctx = self.ctx
         result = run_with_recovery(
             ctx.runner, ctx.train, lambda: ctx.runner.gradients(ctx.train, step, weights),
@@ -170,13 +171,16 @@ class TrainingLoop:
         ctx = self.ctx
         per_epoch = ctx.plan.iterations_per_epoch
         iteration_level = logging.DEBUG if reporter.console else logging.INFO
-        state_vector = ctx.layout.state_vector(ctx.model)
+        self._weights = DriverWeights(ctx.layout, ctx.model,
+                                      row_local_tables(ctx.layout, ctx.model, ctx.optimizer))
+        weights = self._weights.current()
         while True:
             epoch, step = ctx.plan.epoch_and_step(ctx.iteration)
             spec = self._step_spec(epoch, step)
             t_start = time.perf_counter()
             rebuilt_before = ctx.train.shards_rebuilt
-            result = self._gradients(spec, state_vector)
+            state_vector = weights.state
+            result = self._gradients(spec, weights)
             t_update = time.perf_counter()
             loss = _batch_loss(result)
             lr = float(ctx.optimizer.param_groups[0]["lr"])
@@ -188,7 +192,8 @@ class TrainingLoop:
                 ctx.settings.lr_scheduler_step == "iteration" or epoch_finished)
             if scheduler_due and not self._metric_scheduler:
                 ctx.lr_scheduler.step()
-            state_vector = ctx.layout.state_vector(ctx.model)
+            weights = self._weights.advance(ctx.model, result.rows)
+            state_vector = weights.state
             update_s = time.perf_counter() - t_update
             ctx.iteration += 1
             state = TrainingState(ctx.iteration, epoch + int(epoch_finished), epoch_finished,
@@ -252,8 +257,9 @@ class TrainingLoop:
             if pending:
                 result, weights = pending.pop(), state_vector
             else:
-                weights = ctx.layout.state_vector(ctx.model)
-                result = self._gradients(spec, weights)
+                trial = self._weights.reset(ctx.model)      # the weights the optimizer tries
+                weights = trial.state
+                result = self._gradients(spec, trial)
                 loss = _batch_loss(result)
                 if not (math.isfinite(loss) and np.isfinite(result.vector).all()
                         and rows_finite(result.rows)):

@@ -79,6 +79,7 @@ class Replica:
         self.training_step, self.validation_step = spec.training_step, spec.validation_step
         self.train_modes = training_modes(spec.model)
         self.per_sample_criterion = None
+        self.refresh_state: Any = None    # its copy of the weights (transport.weight_refresh)
         # a mean loss whose normaliser is not the row count (sparkdl.losses): tasks report it
         # (a training step's loss always travels so: a mean over rows counts each row once)
         self.normalised = spec.training_step is not None or divided_on_driver(

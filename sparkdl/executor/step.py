@@ -30,6 +30,7 @@ from ..errors import InvalidArgumentError, SparkdlError
 from ..losses import loss_terms
 from ..training_step import step_loss_sums, step_loss_terms
 from ..transport.table_rows import Rows, sum_rows
+from ..transport.weight_refresh import Refresh, sync_replica
 from ..metrics import ValidationMetric, uses_step_loss
 from .process_memory import current_rss_bytes
 from .replicas import Replica, set_training_modes
@@ -82,6 +83,7 @@ class TaskReport:
     # count or weight of the targets, sparkdl.losses); 0 when the task weighted by rows
     table_rows: dict[int, Rows] | None = None   # the embedding tables' gradient rows, by
     # parameter index (sparkdl.transport.table_rows); the shuffle moves them into its blocks
+    full_read: bool = False    # the replica read the full weights (new, restarted or evicted)
 
 
 def set_task_threads(sub_replicas: int = 1) -> None:
@@ -162,14 +164,16 @@ def _chunks(indices: np.ndarray, size: int | None) -> list[np.ndarray]:
 
 
 def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
-                     replica_of: Callable[[int], Replica], weights: np.ndarray, attempt: int = 0
-                     ) -> tuple[np.ndarray | None, TaskReport]:
+                     replica_of: Callable[[int], Replica], weights: np.ndarray | Refresh,
+                     attempt: int = 0) -> tuple[np.ndarray | None, TaskReport]:
     """The weighted local gradient of ``partition`` (None when it has no share); the report
     says which parameters got a gradient and carries the buffers the task changed.
 
     ``shard`` is None when the partition's data is not where this task runs (reported as
     ``missing_shard``); ``replica_of(s)`` gives sub-replica ``s`` (only called when there is
-    work). With ``step.sub_replicas`` > 1 the share is split into that many contiguous parts
+    work). ``weights``: the whole state, or a :class:`Refresh` that brings the replica's own
+    copy to the driver's version (:mod:`sparkdl.transport.weight_refresh`). With
+    ``step.sub_replicas`` > 1 the share is split into that many contiguous parts
     computed concurrently on sub-replicas 0, 1, ... and their vectors summed in that order
     (:mod:`sparkdl.executor.sub_replicas`).
     """
@@ -190,8 +194,8 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
     results = run_sub_replicas([
         (lambda s=s, part=part: _share_gradient(step, partition, shard, replica_of(s), part,
                                                 weights)) for s, part in parts])
-    vector, present, loss, normaliser, report.buffers, rows = results[0]
-    for more, more_present, more_loss, more_normaliser, _, more_rows in results[1:]:
+    vector, present, loss, normaliser, report.buffers, rows, report.full_read = results[0]
+    for more, more_present, more_loss, more_normaliser, _, more_rows, _ in results[1:]:
         vector += more                                       # in sub-replica order
         present = np.maximum(present, more_present)
         loss, normaliser = loss + more_loss, normaliser + more_normaliser
@@ -212,15 +216,19 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
 
 
 def _share_gradient(step: StepSpec, partition: int, shard: Shard, replica: Replica,
-                    indices: np.ndarray, weights: np.ndarray
+                    indices: np.ndarray, weights: np.ndarray | Refresh
                     ) -> tuple[np.ndarray, np.ndarray, float, float, dict[int, bytes],
-                               dict[int, Rows]]:
+                               dict[int, Rows], bool]:
     """One replica's forward and backward over ``indices`` of the partition (in micro-batches):
     its flat vector, the parameters present, its weighted loss, its normaliser, the buffers
-    it changed and its sparse gradients' rows."""
+    it changed, its sparse gradients' rows and whether it read the full weights."""
     _check_layout(step, replica)
     model, layout = replica.model, replica.layout
-    layout.load_state(model, weights)
+    full_read = False
+    if isinstance(weights, Refresh):
+        weights, full_read = sync_replica(replica, weights)
+    else:
+        layout.load_state(model, weights)
     set_training_modes(model, replica.train_modes)     # as the user left each module
     model.zero_grad(set_to_none=True)
     mean = replica.reduction == "mean"
@@ -268,7 +276,7 @@ def _share_gradient(step: StepSpec, partition: int, shard: Shard, replica: Repli
     vector, present = layout.gradients(model)
     rows = layout.table_rows(model) if layout.tables else {}
     return (vector, present, loss_sum, normaliser_sum, layout.changed_buffers(model, weights),
-            rows)
+            rows, full_read)
 
 
 def compute_metric_sums(shard: Shard | None, replica: Replica, weights: np.ndarray,
@@ -279,6 +287,8 @@ def compute_metric_sums(shard: Shard | None, replica: Replica, weights: np.ndarr
         return None, 0
     model = replica.model
     replica.layout.load_state(model, weights)
+    if replica.refresh_state is not None:     # its model no longer holds the refreshed weights
+        replica.refresh_state.model_synced = False
     model.eval()
     sums: list[np.ndarray] = [np.zeros(0)] * len(metrics)
     needs_output = not all(uses_step_loss(m, replica.criterion, replica.training_step)

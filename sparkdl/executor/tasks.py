@@ -8,7 +8,7 @@ partition index, the attempt number, the task's cores) to the plain computations
 
 Example::
 
-    task = GradientTask(run_key, data_key, step, spec_broadcast, weights_broadcast)
+    task = GradientTask(run_key, data_key, step, spec_broadcast, refresh)
     allreduce.run(index_rdd, task)          # task(partition, summary) -> (vector, report)
 """
 
@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import SparkdlError
 from ..metrics import ValidationMetric
+from ..transport.weight_refresh import Refresh
 from .devices import task_device
 from .live_runs import LiveRuns, evict_finished
 from .replicas import Replica, drop_replica, get_replica
@@ -59,7 +60,8 @@ class GradientTask:
     data_key: str
     step: StepSpec
     spec: Any            # broadcast of the cloudpickled ReplicaSpec
-    weights: Any         # broadcast of the flat weights
+    weights: Any         # the weights' Refresh (sparkdl.transport.weight_refresh), or a
+    # broadcast of the whole state
     live: LiveRuns | None = None   # the driver's live runs: the worker evicts the others'
 
     def __call__(self, partition: int, summary: Any) -> tuple[np.ndarray | None, TaskReport]:
@@ -78,8 +80,9 @@ class GradientTask:
             def replica(sub: int) -> Replica:
                 return get_replica(self.run_key, PickledSpec(self.spec), choice.device, sub)
 
-            vector, report = compute_gradient(self.step, partition, shard, replica,
-                                              self.weights.value, attempt=_attempt())
+            weights = self.weights if isinstance(self.weights, Refresh) else self.weights.value
+            vector, report = compute_gradient(self.step, partition, shard, replica, weights,
+                                              attempt=_attempt())
         except SparkdlError as exc:
             if not exc.permanent:
                 raise

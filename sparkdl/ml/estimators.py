@@ -312,15 +312,22 @@ def _epoch_summary(engine: DistriOptimizer) -> Any:
 
     rows: dict[int, dict[str, float]] = {}
     for r in engine.summary.iterations:
-        row = rows.setdefault(r.epoch, {"epoch": r.epoch, "loss_sum": 0.0, "records": 0})
+        row = rows.setdefault(r.epoch, {"epoch": r.epoch, "loss_sum": 0.0, "records": 0,
+                                        "iterations": 0, "seconds": 0.0})
         row["loss_sum"] += r.loss * r.records
         row["records"] += r.records
+        row["iterations"] += 1
+        row["seconds"] += r.wall_s
     for row in rows.values():
         row["train_loss"] = row.pop("loss_sum") / row.pop("records")
     for v in engine.summary.validations:
         for name, value in v.metrics.items():
             rows[v.epoch][f"validation_{name}"] = value
-    return pd.DataFrame(list(rows.values()))
+    frame = pd.DataFrame(list(rows.values()))
+    timing = ["iterations", "seconds"]          # last: the curves come first
+    if frame.empty:
+        return frame
+    return frame[[c for c in frame.columns if c not in timing] + timing]
 
 
 class _NNModelBase(Model, MLWritable, MLReadable):
@@ -344,7 +351,8 @@ class _NNModelBase(Model, MLWritable, MLReadable):
 
     @property
     def summary(self) -> Any:
-        """Per-epoch training loss and validation metrics (pandas DataFrame)."""
+        """Per-epoch training loss and validation metrics, then the epoch's iterations and
+        their seconds (pandas DataFrame)."""
         return self.summary_frame
 
     def plot_summary(self, ax: Any = None) -> Any:
@@ -361,7 +369,8 @@ class _NNModelBase(Model, MLWritable, MLReadable):
             raise ImportError("plot_summary needs matplotlib: pip install matplotlib") from exc
 
         ax = ax or plt.figure().gca()
-        self.summary_frame.set_index("epoch").plot(ax=ax, marker="o")
+        curves = [c for c in self.summary_frame.columns if c not in ("iterations", "seconds")]
+        self.summary_frame[curves].set_index("epoch").plot(ax=ax, marker="o")
         ax.set_xlabel("epoch")
         return ax
 

@@ -59,6 +59,7 @@ from ..transport.codecs import make_codec
 from ..executor.live_runs import live_runs, new_key, release_key
 from ..executor.exchange import Exchange, Payload, check_exchange
 from ..transport.flat_layout import ParamLayout
+from ..transport.weight_refresh import StateVersion
 from .cached_rdd import lost_data_reason, memory_kill_reason, shard_place
 from .held_data import HeldData, complete_misses
 from .interface import PartitionMetrics, RunnerOptions
@@ -325,9 +326,10 @@ class ConnectDataFrameRunner:
         assert not done.missing_partitions, "every missing partition is filled first"
         return done
 
-    def gradients(self, data: ConnectData, step: StepSpec, weights: np.ndarray
+    def gradients(self, data: ConnectData, step: StepSpec, version: StateVersion
                   ) -> AllReduceResult:
         assert self._spec is not None and self._client_sum is not None
+        weights = version.state        # whole: Connect has no broadcasts to keep deltas in
         t0 = time.perf_counter()
         shipped = [self._exchange.ship(np.ascontiguousarray(weights).tobytes(),
                                        f"weights-{step.iteration}")]

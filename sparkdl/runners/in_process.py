@@ -39,6 +39,7 @@ from ..metrics import ValidationMetric
 from ..transport.allreduce import AllReduceResult, sum_in_order
 from ..transport.codecs import make_codec
 from ..transport.flat_layout import ParamLayout
+from ..transport.weight_refresh import HeldValue, RefreshPublisher, StateVersion
 
 __all__ = ["LocalPartitions", "InProcessRunner"]
 
@@ -94,6 +95,7 @@ class InProcessRunner:
     def __init__(self) -> None:
         self._replica: Replica | None = None
         self._spec: bytes | None = None
+        self._publisher: RefreshPublisher | None = None
         self._sub_replicas: dict[int, Replica] = {}
         self._layout: ParamLayout | None = None
         self._codec: Any = None
@@ -137,6 +139,8 @@ class InProcessRunner:
         self._layout = layout
         self._codec = make_codec(options.compression, layout.numpy_dtype,
                                  layout.num_param_values)
+        # the same refresh as the executors' (row deltas), with values held in this process
+        self._publisher = RefreshPublisher(HeldValue, layout.fingerprint)
         return (f"in-process sum of {layout.size} values"
                 + (f" (gradients in {options.compression})" if options.compression else ""))
 
@@ -149,15 +153,16 @@ class InProcessRunner:
                                               str(self._replica.device))
         return self._sub_replicas[sub]
 
-    def gradients(self, data: InProcessData, step: StepSpec, weights: np.ndarray
+    def gradients(self, data: InProcessData, step: StepSpec, weights: StateVersion
                   ) -> AllReduceResult:
-        assert self._layout is not None
+        assert self._layout is not None and self._publisher is not None
         submitted_at = time.time()
+        refresh = self._publisher.publish(weights)
         reports, parts = [], []
         with _task_environment():
             for partition in range(data.num_partitions):
                 vector, report = compute_gradient(step, partition, data.shards[partition],
-                                                  self._replica_of, weights)
+                                                  self._replica_of, refresh)
                 reports.append(report)
                 parts.append((partition, None if vector is None else
                               self._codec.encode(vector, 0)))
@@ -187,4 +192,6 @@ class InProcessRunner:
         raise RuntimeError(f"in-process data cannot be lost ({reason})")  # pragma: no cover
 
     def close(self) -> None:
-        self._replica, self._sub_replicas = None, {}
+        if self._publisher is not None:
+            self._publisher.close()
+        self._replica, self._sub_replicas, self._publisher = None, {}, None

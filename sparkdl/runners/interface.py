@@ -34,6 +34,7 @@ from ..executor.step import StepSpec
 from ..metrics import ValidationMetric
 from ..transport.allreduce import AllReduceResult
 from ..transport.flat_layout import ParamLayout
+from ..transport.weight_refresh import StateVersion
 
 __all__ = ["DataHandle", "RunnerOptions", "PartitionMetrics", "IterationRunner"]
 
@@ -102,10 +103,12 @@ class IterationRunner(Protocol):
         """Ship the model to the tasks and choose how ``train``'s vectors are summed; returns
         that choice in words, for the log."""
 
-    def gradients(self, data: DataHandle, step: StepSpec, weights: np.ndarray
+    def gradients(self, data: DataHandle, step: StepSpec, weights: StateVersion
                   ) -> AllReduceResult:
         """One iteration's job: every partition's weighted gradient and buffers, summed in
-        partition order. Partitions whose shard was not found are marked in the reports."""
+        partition order. Partitions whose shard was not found are marked in the reports.
+        ``weights``: the driver's state and what changed since the last version
+        (:mod:`sparkdl.transport.weight_refresh`); a runner may send it whole."""
 
     def evaluate(self, data: DataHandle, weights: np.ndarray,
                  metrics: Sequence[ValidationMetric], batch_size: int

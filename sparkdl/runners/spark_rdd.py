@@ -4,7 +4,8 @@
   RDD whose blocks sit where the shards are (:class:`sparkdl.runners.cached_rdd.CachedData`).
 * The model: broadcast once per run (cloudpickled :class:`ReplicaSpec`); each Python worker keeps
   a replica (:mod:`sparkdl.executor.replicas`).
-* One iteration: the weights are broadcast, the index RDD's tasks run
+* One iteration: the weights are broadcast (whole, or as the rows and rest that changed since the
+  last iteration: :mod:`sparkdl.transport.weight_refresh`), the index RDD's tasks run
   :class:`sparkdl.executor.tasks.GradientTask`, and the shuffle or driver AllReduce
   (:mod:`sparkdl.transport.allreduce`) sums their vectors in partition order.
 
@@ -38,6 +39,7 @@ from ..errors import InvalidArgumentError
 from ..transport.allreduce import (AllReduceResult, make_allreduce,
                                   with_resources)
 from ..transport.flat_layout import ParamLayout
+from ..transport.weight_refresh import RefreshPublisher, StateVersion
 
 __all__ = ["SparkRddRunner"]
 
@@ -55,6 +57,14 @@ class SparkRddRunner:
         self._allreduce: Any = None
         self._options = RunnerOptions()
         self._resources: Any = None
+        self._publisher: RefreshPublisher | None = None
+
+    def _flag(self, key: str, default: bool) -> bool:
+        """A boolean setting: the thread's local property (``sc.setLocalProperty``), else the
+        Spark conf, else ``default``."""
+        value = (self.spark_context.getLocalProperty(key)
+                 or self.spark_context.getConf().get(key, "") or "").strip().lower()
+        return default if not value else value in ("true", "1", "yes")
 
     def _conf(self, key: str) -> float:
         value = self.spark_context.getConf().get(key, "0") or "0"
@@ -121,26 +131,33 @@ class SparkRddRunner:
         self._resources = self._task_resources(options.device)
         self._allreduce = make_allreduce(layout, options.allreduce, train.num_partitions,
                                          options.num_blocks, options.compression)
+        self._publisher = RefreshPublisher(
+            self.spark_context.broadcast, layout.fingerprint,
+            deltas=self._flag("spark.sparkdl.rowDeltas", True),
+            verify=self._flag("spark.sparkdl.verifyReplicas", False))
         return (f"{type(self._allreduce).__name__} all-reduce of {layout.size} values"
                 + (f" (gradients in {options.compression})" if options.compression else ""))
 
-    def gradients(self, data: CachedData, step: StepSpec, weights: np.ndarray
+    def gradients(self, data: CachedData, step: StepSpec, weights: StateVersion
                   ) -> AllReduceResult:
         assert data.index_rdd is not None and self._allreduce is not None
+        assert self._publisher is not None
         t0 = time.perf_counter()
-        weights_bc = self.spark_context.broadcast(weights)
+        refresh = self._publisher.publish(weights)
         broadcast_s = time.perf_counter() - t0
-        try:
-            task = GradientTask(self.run_key, data.data_key, step, self._spec_bc, weights_bc,
-                                live=live_runs())
-            result = self._allreduce.run(data.index_rdd, task, self._resources)
-            result = complete_misses(
-                result, lambda missing: data.fill(missing, task, self._resources),
-                self._allreduce.complete,
-                data.num_partitions)
-        finally:
-            weights_bc.destroy(blocking=False)
+        task = GradientTask(self.run_key, data.data_key, step, self._spec_bc, refresh,
+                            live=live_runs())
+        result = self._allreduce.run(data.index_rdd, task, self._resources)
+        result = complete_misses(
+            result, lambda missing: data.fill(missing, task, self._resources),
+            self._allreduce.complete,
+            data.num_partitions)
         result.broadcast_s = broadcast_s
+        full = sorted(r.partition for r in result.reports if r.full_read)
+        if full and weights.version > refresh.full_version:
+            log.info("iteration %d: the tasks of partitions %s read the full weights of "
+                     "version %d and %d row deltas (a new, restarted or evicted Python worker)",
+                     step.iteration + 1, full, refresh.full_version, len(refresh.deltas))
         return result
 
 
@@ -173,6 +190,10 @@ class SparkRddRunner:
         data.rebuild(reason)
 
     def close(self) -> None:
+        if self._publisher is not None:
+            log.info("the weights travelled as %s", self._publisher.summary())
+            self._publisher.close()
+            self._publisher = None
         if self._spec_bc is not None:
             self._spec_bc.destroy(blocking=False)
             self._spec_bc = None

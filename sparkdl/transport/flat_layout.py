@@ -39,7 +39,8 @@ from torch import nn
 from ..errors import InvalidArgumentError, SparkdlError
 from .table_rows import Rows, dense_grad, dense_rows, rows_of, sparse_grad, table_parameters
 
-__all__ = ["ParamLayout", "combine_buffers", "summed_presence", "SUPPORTED_PARAM_DTYPES"]
+__all__ = ["ParamLayout", "combine_buffers", "summed_presence", "raw_bytes",
+           "SUPPORTED_PARAM_DTYPES"]
 
 SUPPORTED_PARAM_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 _ALIGN = 16
@@ -62,7 +63,7 @@ def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
     return torch.empty(0, dtype=dtype).numpy().dtype
 
 
-def _raw(t: torch.Tensor) -> np.ndarray:
+def raw_bytes(t: torch.Tensor) -> np.ndarray:
     """The tensor's bytes as a uint8 array (a view where possible)."""
     flat = t.detach().cpu().contiguous().reshape(-1)
     return flat.view(torch.uint8).numpy() if flat.numel() else np.zeros(0, np.uint8)
@@ -157,22 +158,26 @@ class ParamLayout:
         tensors = dict(model.named_parameters())
         tensors.update(dict(model.named_buffers()))
         for slot in self.params + self.buffers:
-            out[slot.byte_start:slot.byte_stop] = _raw(tensors[slot.name])
+            out[slot.byte_start:slot.byte_stop] = raw_bytes(tensors[slot.name])
         return out
 
     def _tensor(self, state: np.ndarray, slot: _Slot) -> torch.Tensor:
         raw = torch.from_numpy(np.array(state[slot.byte_start:slot.byte_stop], copy=True))
         return raw.view(slot.dtype).view(slot.shape)
 
-    def load_state(self, model: nn.Module, state: np.ndarray) -> None:
+    def load_state(self, model: nn.Module, state: np.ndarray,
+                   skip: Iterable[int] = ()) -> None:
         """Copy a vector made by :meth:`state_vector` into ``model`` (in place, bit for bit), on
-        whichever device the model is."""
+        whichever device the model is; the parameters numbered in ``skip`` are left as they
+        are."""
         tensors = dict(model.named_parameters())
         tensors.update(dict(model.named_buffers()))
         device = next(iter(tensors.values())).device
         blob = self._state_on(state, device)
+        skipped = set(skip)
+        slots = [s for k, s in enumerate(self.params) if k not in skipped] + self.buffers
         with torch.no_grad():
-            for slot in self.params + self.buffers:
+            for slot in slots:
                 part = blob[slot.byte_start:slot.byte_stop]
                 tensors[slot.name].copy_(part.view(slot.dtype).view(slot.shape))
 
@@ -230,7 +235,7 @@ class ParamLayout:
         tensors = dict(model.named_buffers())
         changed = {}
         for k, slot in enumerate(self.buffers):
-            raw = _raw(tensors[slot.name])
+            raw = raw_bytes(tensors[slot.name])
             if not np.array_equal(raw, state[slot.byte_start:slot.byte_stop]):
                 changed[k] = raw.tobytes()
         return changed

@@ -1,0 +1,407 @@
+"""The weights' refresh: only what changed since the last iteration travels to the replicas.
+
+Every iteration the tasks need the driver's current state (:class:`ParamLayout`'s raw bytes).
+A large embedding table trained with an optimizer that only moves the rows its gradient touched
+(*row-local*: ``SparseAdam``, ``Adagrad`` and ``SGD`` without momentum or weight decay, on a
+``sparse=True`` table) changes in a few thousand rows per iteration, so the refresh of version
+``v`` is a **delta**: the changed rows of the row-local tables plus all the other bytes (the dense
+rest: layers, buffers, tables under other optimizers). A model without such tables gets the
+whole state every iteration, as before.
+
+* Driver: :class:`DriverWeights` keeps the state vector up to date in place, at the cost of the
+  rest plus the changed rows (no pass over a table), and knows what changed.
+  :class:`RefreshPublisher` broadcasts a **full copy** at the start and whenever the deltas since
+  the last full copy would outgrow it (the delta into it is kept as a bridge, so up-to-date
+  replicas never read it), and a delta otherwise; the task gets a :class:`Refresh`: handles of
+  the full copy and of every delta since (Spark fetches a broadcast once per executor; the
+  Python worker reads only those it needs).
+* Task: :func:`sync_replica` brings the replica's own copy from its version to ``v``: the deltas
+  in order when it holds the full copy's version or a later one, else the full copy first (a new,
+  restarted or evicted worker). Each delta carries a chained digest ``H(chain_{v-1}, delta_v)``
+  checked before the replica computes, so a replica that missed or misapplied a delta is caught
+  and reloaded. With ``verify`` (Spark setting ``spark.sparkdl.verifyReplicas=true``) the task
+  also hashes its whole model and compares it with the driver's (a pass over the tables: for
+  tests and doubts, not for speed).
+
+Example::
+
+    weights = DriverWeights(layout, model, row_local_tables(layout, model, optimizer))
+    refresh = publisher.publish(weights.current())      # each iteration, after the step:
+    weights.advance(model, summed_rows)
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import ReplicaMismatchError, SparkdlError
+from .flat_layout import ParamLayout, raw_bytes
+from .table_rows import Rows, row_ids
+
+__all__ = ["row_local_tables", "StateVersion", "Delta", "FullState", "DriverWeights",
+           "HeldValue", "RefreshPublisher", "Refresh", "ReplicaState", "sync_replica", "state_digest"]
+
+log = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------- which tables
+def _row_local(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> bool:
+    """Whether ``optimizer``'s step on ``group`` changes only the rows a sparse gradient names
+    (torch's own classes, not subclasses: a subclass may do anything)."""
+    kind = type(optimizer)
+    if kind is torch.optim.SparseAdam:
+        return True
+    if kind is torch.optim.Adagrad:
+        return not group.get("weight_decay")
+    if kind is torch.optim.SGD:
+        return not group.get("momentum") and not group.get("weight_decay")
+    return False
+
+
+def row_local_tables(layout: ParamLayout, model: nn.Module, optimizer: Any) -> list[int]:
+    """The ``sparse=True`` tables (parameter indices) whose every optimizer group is row-local:
+    after a step, only the rows of the summed gradient's ids can differ (and no forward pass
+    changes them: no ``max_norm``)."""
+    members = list(getattr(optimizer, "optimizers", [optimizer]))
+    params = dict(model.named_parameters())
+    # a table with max_norm is renormalised in place by the tasks' forward passes: its
+    # replicas must be reloaded whole
+    renormalised = {id(m.weight) for m in model.modules()
+                    if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.max_norm is not None}
+    local = []
+    for k in layout.sparse:
+        p = params[layout.params[k].name]
+        if id(p) in renormalised:
+            continue
+        groups = [(opt, g) for opt in members for g in opt.param_groups
+                  if any(q is p for q in g["params"])]
+        if all(_row_local(opt, g) for opt, g in groups):
+            local.append(k)
+    return local
+
+
+# ----------------------------------------------------------------------------- what travels
+@dataclass
+class Delta:
+    """Version ``version`` from ``version - 1``: the rest's bytes (``rest``, the layout's
+    ranges outside the row-local tables, concatenated) and each row-local table's changed rows
+    as ``(ids, raw row bytes)``."""
+
+    version: int
+    rest: np.ndarray
+    rows: dict[int, tuple[np.ndarray, np.ndarray]]
+
+    @property
+    def nbytes(self) -> int:
+        return self.rest.nbytes + sum(i.nbytes + r.nbytes for i, r in self.rows.values())
+
+    def chained(self, previous: bytes) -> bytes:
+        """``H(previous, this delta)``: the chain after applying it."""
+        h = hashlib.blake2b(previous, digest_size=16)
+        h.update(np.int64(self.version).tobytes())
+        h.update(self.rest.tobytes())
+        for k in sorted(self.rows):
+            ids, rows = self.rows[k]
+            h.update(np.int64(k).tobytes())
+            h.update(ids.tobytes())
+            h.update(rows.tobytes())
+        return h.digest()
+
+
+@dataclass
+class FullState:
+    """The whole state at ``version``, and the chain a replica starts from."""
+
+    version: int
+    state: np.ndarray
+    chain: bytes
+
+
+def full_chain(version: int, fingerprint: str) -> bytes:
+    return hashlib.blake2b(f"full {version} {fingerprint}".encode(), digest_size=16).digest()
+
+
+def state_digest(state: np.ndarray) -> bytes:
+    """A digest of a whole state vector (the ``verify`` check)."""
+    return hashlib.blake2b(np.ascontiguousarray(state).data, digest_size=16).digest()
+
+
+@dataclass
+class StateVersion:
+    """The driver's state at ``version`` (``state``: the whole vector; the caller must not keep
+    it past the iteration: it is updated in place) and, when only row-local rows and the rest
+    changed since ``version - 1``, how to make that :class:`Delta`."""
+
+    state: np.ndarray
+    version: int
+    delta: Callable[[], Delta] | None = None
+    delta_bytes: int = 0
+    row_local: tuple[int, ...] = ()
+
+
+def _merged(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(r for r in ranges if r[1] > r[0]):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(b, out[-1][1]))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _table_rows_view(state: np.ndarray, layout: ParamLayout, k: int) -> np.ndarray:
+    """Table ``k``'s bytes in ``state`` as a (rows, bytes per row) view."""
+    slot = layout.params[k]
+    return state[slot.byte_start:slot.byte_stop].reshape(slot.shape[0], -1)
+
+
+class DriverWeights:
+    """The driver's state vector, kept current in place (see the module docstring)."""
+
+    def __init__(self, layout: ParamLayout, model: nn.Module, row_local: Sequence[int]) -> None:
+        self.layout = layout
+        self.row_local = sorted(row_local)
+        slots = [s for k, s in enumerate(layout.params) if k not in set(self.row_local)]
+        self.rest_ranges = _merged([(s.byte_start, s.byte_stop)
+                                    for s in slots + layout.buffers])
+        self.rest_bytes = sum(b - a for a, b in self.rest_ranges)
+        self.state = layout.state_vector(model)
+        self.version = 0
+        self._changed: dict[int, np.ndarray] | None = None
+
+    def current(self) -> StateVersion:
+        changed = self._changed
+        if changed is None or not self.row_local:
+            return StateVersion(self.state, self.version)
+        rows_bytes = sum(len(ids) * (8 + _table_rows_view(self.state, self.layout, k).shape[1])
+                         for k, ids in changed.items())
+        version, state = self.version, self.state
+
+        def delta() -> Delta:
+            rest = np.concatenate([state[a:b] for a, b in self.rest_ranges]) \
+                if self.rest_ranges else np.zeros(0, np.uint8)
+            rows = {k: (ids, _table_rows_view(state, self.layout, k)[ids].copy())
+                    for k, ids in changed.items()}
+            return Delta(version, rest, rows)
+        return StateVersion(state, version, delta, self.rest_bytes + rows_bytes,
+                            tuple(self.row_local))
+
+    def reset(self, model: nn.Module) -> StateVersion:
+        """The model changed in ways the deltas cannot say (a closure's trial weights, a
+        restore): the whole vector is taken anew and the next refresh is a full copy."""
+        self.state = self.layout.state_vector(model)
+        self.version += 1
+        self._changed = None
+        return self.current()
+
+    def advance(self, model: nn.Module, rows: dict[int, Rows] | None) -> StateVersion:
+        """After an optimizer step whose row-local tables got the gradient ``rows``: the rest
+        and those rows are copied into the state, in place."""
+        tensors = dict(model.named_parameters())
+        tensors.update(dict(model.named_buffers()))
+        local = set(self.row_local)
+        for k, slot in enumerate(self.layout.params):
+            if k not in local:
+                self.state[slot.byte_start:slot.byte_stop] = raw_bytes(tensors[slot.name])
+        for slot in self.layout.buffers:
+            self.state[slot.byte_start:slot.byte_stop] = raw_bytes(tensors[slot.name])
+        changed = {}
+        for k in self.row_local:
+            got = (rows or {}).get(k)
+            ids = row_ids(got).astype(np.int64) if got is not None else np.zeros(0, np.int64)
+            if len(ids):
+                table = raw_bytes(tensors[self.layout.params[k].name]).reshape(len(
+                    _table_rows_view(self.state, self.layout, k)), -1)
+                _table_rows_view(self.state, self.layout, k)[ids] = table[ids]
+            changed[k] = ids
+        self.version += 1
+        self._changed = changed
+        return self.current()
+
+
+@dataclass
+class Refresh:
+    """What a task gets (small: broadcast handles, versions, chains): see the module docstring.
+    ``deltas``: ``(version, chain after it, handle)`` for every delta since the full copy."""
+
+    version: int
+    chain: bytes
+    full_version: int
+    full_chain: bytes
+    full: Any
+    deltas: list[tuple[int, bytes, Any]] = field(default_factory=list)
+    row_local: tuple[int, ...] = ()   # the tables that travel as rows (not in the rest)
+    bridge_from: tuple[int, bytes] | None = None   # the version (and chain) before the full
+    # copy's, from which its first delta leads to it
+    verify: bytes | None = None      # the driver's state_digest, when replicas are verified
+
+
+class HeldValue:
+    """A stand-in for a broadcast in one process (the in-process runner and tests): it holds a
+    copy, as a broadcast holds the value's bytes as they were when it was made."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = copy.deepcopy(value)
+
+    def destroy(self) -> None:
+        self.value = None
+
+
+class RefreshPublisher:
+    """Turns each iteration's :class:`StateVersion` into broadcasts and a :class:`Refresh`.
+
+    ``broadcast(value)`` makes a handle whose ``.value`` a task reads and which has
+    ``destroy()``; a full copy is sent when a delta is over half the state, or when the deltas
+    since the last full copy would outgrow it (so executors hold at most about twice the
+    state)."""
+
+    def __init__(self, broadcast: Callable[[Any], Any], fingerprint: str, deltas: bool = True,
+                 verify: bool = False) -> None:
+        self._broadcast = broadcast
+        self._fingerprint = fingerprint
+        self._use_deltas, self._verify = deltas, verify
+        self._full: tuple[int, bytes, Any, int] | None = None    # version, chain, handle, bytes
+        self._deltas: list[tuple[int, bytes, Any]] = []
+        self._delta_total = 0
+        self._last: Refresh | None = None
+        self.full_copies, self.delta_count, self.full_bytes, self.delta_bytes = 0, 0, 0, 0
+
+    def publish(self, weights: StateVersion) -> Refresh:
+        if self._last is not None and self._last.version == weights.version:
+            return self._last               # the same iteration again (a recovery's rerun)
+        follows = (self._use_deltas and weights.delta is not None and self._last is not None
+                   and self._last.version == weights.version - 1)
+        bridge_from = None
+        if follows and 2 * weights.delta_bytes <= self._full_bytes(weights) \
+                and self._delta_total + weights.delta_bytes <= self._full_bytes(weights):
+            chain = self._add_delta(weights)
+        else:
+            # a new full copy; when this version follows the last by a delta, that delta is
+            # kept beside it (a bridge), so replicas of the last version need not read it
+            previous = self._last
+            self._drop()
+            chain = full_chain(weights.version, self._fingerprint)
+            if follows and 2 * weights.delta_bytes <= self._full_bytes(weights):
+                assert previous is not None
+                bridge_from = (previous.version, previous.chain)
+                chain = self._add_delta(weights, previous.chain)
+            handle = self._broadcast(FullState(weights.version, weights.state, chain))
+            self._full = (weights.version, chain, handle, weights.state.nbytes)
+            self.full_copies += 1
+            self.full_bytes += weights.state.nbytes
+        assert self._full is not None
+        self._last = Refresh(weights.version, chain, self._full[0], self._full[1], self._full[2],
+                             list(self._deltas), weights.row_local, bridge_from,
+                             state_digest(weights.state) if self._verify else None)
+        return self._last
+
+    @staticmethod
+    def _full_bytes(weights: StateVersion) -> int:
+        return weights.state.nbytes
+
+    def _add_delta(self, weights: StateVersion, previous: bytes | None = None) -> bytes:
+        assert weights.delta is not None and self._last is not None
+        delta = weights.delta()
+        chain = delta.chained(self._last.chain if previous is None else previous)
+        self._deltas.append((weights.version, chain, self._broadcast(delta)))
+        self._delta_total += delta.nbytes
+        self.delta_count += 1
+        self.delta_bytes += delta.nbytes
+        return chain
+
+    def summary(self) -> str:
+        return (f"{self.full_copies} full copies ({self.full_bytes / 2**20:.1f} MiB) and "
+                f"{self.delta_count} row deltas ({self.delta_bytes / 2**20:.1f} MiB)")
+
+    def _drop(self) -> None:
+        handles = [h for _, _, h in self._deltas] + ([self._full[2]] if self._full else [])
+        for handle in handles:
+            handle.destroy()
+        self._full, self._deltas, self._delta_total = None, [], 0
+
+    def close(self) -> None:
+        self._drop()
+        self._last = None
+
+
+# ----------------------------------------------------------------------------- task side
+@dataclass
+class ReplicaState:
+    """A replica's own copy of the state, its version and chain; ``model_synced`` False when
+    something else (a validation task) loaded other weights into the model."""
+
+    version: int
+    chain: bytes
+    state: np.ndarray
+    model_synced: bool = True
+
+
+def _load_rows(layout: ParamLayout, model: nn.Module, k: int, ids: np.ndarray,
+               state: np.ndarray) -> None:
+    slot = layout.params[k]
+    param = dict(model.named_parameters())[slot.name]
+    rows = _table_rows_view(state, layout, k)[ids]
+    values = torch.from_numpy(rows).view(slot.dtype).view(len(ids), *slot.shape[1:])
+    index = torch.from_numpy(ids)
+    with torch.no_grad():
+        param.index_copy_(0, index.to(param.device), values.to(param.device))
+
+
+def sync_replica(replica: Any, refresh: Refresh) -> tuple[np.ndarray, bool]:
+    """Bring ``replica`` (its ``model``, ``layout`` and ``refresh_state``) to
+    ``refresh.version``: returns the state it now holds and whether it read the full copy."""
+    layout, model = replica.layout, replica.model
+    held: ReplicaState | None = getattr(replica, "refresh_state", None)
+    known = dict([refresh.bridge_from]) if refresh.bridge_from else {}
+    known[refresh.full_version] = refresh.full_chain
+    known.update({v: c for v, c, _ in refresh.deltas})
+    full_read = held is None or known.get(held.version) != held.chain
+    if full_read:
+        full: FullState = refresh.full.value
+        held = ReplicaState(full.version, full.chain, np.array(full.state, copy=True),
+                            model_synced=False)
+    assert held is not None
+    replica.refresh_state = None            # until it is whole again
+    pending = [(v, c, h) for v, c, h in refresh.deltas if v > held.version]
+    local = set(refresh.row_local)
+    for version, chain, handle in pending:
+        delta: Delta = handle.value
+        if delta.chained(held.chain) != chain or delta.version != version:
+            raise SparkdlError(f"the weights' delta of version {version} does not chain onto "
+                               f"this replica's version {held.version}; it reloads the full copy")
+        for k, (ids, rows) in delta.rows.items():
+            _table_rows_view(held.state, layout, k)[ids] = rows
+            if held.model_synced:
+                _load_rows(layout, model, k, ids, held.state)
+        if delta.rest.nbytes:
+            offset = 0
+            for a, b in _rest_ranges(layout, local):
+                held.state[a:b] = delta.rest[offset:offset + b - a]
+                offset += b - a
+        held.version, held.chain = version, chain
+    if held.chain != refresh.chain:
+        raise SparkdlError(f"this replica reached version {held.version}, not the driver's "
+                           f"{refresh.version}; it reloads the full copy")
+    # the rest (buffers the last task changed included); the tables' rows are in place
+    layout.load_state(model, held.state, skip=local if held.model_synced else ())
+    held.model_synced = True
+    if refresh.verify is not None and state_digest(layout.state_vector(model)) != refresh.verify:
+        raise ReplicaMismatchError(
+            f"spark.sparkdl.verifyReplicas: this replica's weights differ from the driver's at "
+            f"version {refresh.version} (full copy {refresh.full_version}, "
+            f"{len(pending)} deltas applied in this task)")
+    replica.refresh_state = held
+    return held.state, full_read
+
+
+def _rest_ranges(layout: ParamLayout, local: set[int]) -> list[tuple[int, int]]:
+    slots = [s for k, s in enumerate(layout.params) if k not in local]
+    return _merged([(s.byte_start, s.byte_stop) for s in slots + layout.buffers])
