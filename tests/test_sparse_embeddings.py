@@ -15,6 +15,7 @@ from torch import nn
 
 from models import JobCounter, bitwise_equal, make_rdd, max_abs_diff, reference_train
 from sparkdl import BatchPlan, DistriOptimizer, InvalidArgumentError, OptimizerSequence
+from sparkdl.engine.optimizer_sequence import optimizer_members
 from sparkdl.data.ragged import Ragged
 from sparkdl.runners import LocalPartitions
 from sparkdl.transport.flat_layout import ParamLayout
@@ -390,7 +391,8 @@ def _refresh_setup(optimizer_of):
     net = TwoTower()
     optimizer = optimizer_of(net)
     layout = ParamLayout(net)
-    weights = DriverWeights(layout, net, row_local_tables(layout, net, optimizer))
+    weights = DriverWeights(layout, net, row_local_tables(layout, net,
+                                                          optimizer_members(optimizer)))
     publisher = RefreshPublisher(HeldValue, layout.fingerprint, verify=True)
     spec = pickle.dumps(ReplicaSpec(copy.deepcopy(net), nn.MSELoss(), "mean"))
     return net, optimizer, weights, publisher, lambda: Replica(pickle.loads(spec))
@@ -420,7 +422,7 @@ def test_replicas_catch_up_through_deltas_or_read_the_full_copy():
 
     net, optimizer, weights, publisher, new_replica = _refresh_setup(
         lambda m: OptimizerSequence(tables_and_rest(m)))
-    assert row_local_tables(weights.layout, net, optimizer) == [0, 1]   # the head is Adam's
+    assert row_local_tables(weights.layout, net, optimizer.optimizers) == [0, 1]  # head: Adam
     rng = np.random.default_rng(0)
     every, sometimes = new_replica(), new_replica()
     reads = {"every": 0, "sometimes": 0, "late": 0}
@@ -474,7 +476,7 @@ def test_only_optimizers_that_leave_untouched_rows_alone_get_row_deltas():
     def local(make):
         torch.manual_seed(0)
         net = TwoTower()
-        return row_local_tables(ParamLayout(net), net, make(net))
+        return row_local_tables(ParamLayout(net), net, optimizer_members(make(net)))
 
     assert local(lambda m: torch.optim.Adagrad(m.parameters(), lr=0.1)) == [0, 1]
     assert local(lambda m: torch.optim.SGD(m.parameters(), lr=0.1)) == [0, 1]
@@ -482,8 +484,50 @@ def test_only_optimizers_that_leave_untouched_rows_alone_get_row_deltas():
     renormed = TwoTower()
     renormed.item.max_norm = 1.0     # forward passes rewrite its rows in the replicas
     assert row_local_tables(ParamLayout(renormed), renormed,
-                            torch.optim.Adagrad(renormed.parameters(), lr=0.1)) == [0]
+                            [torch.optim.Adagrad(renormed.parameters(), lr=0.1)]) == [0]
+    hooked = torch.optim.SparseAdam([renormed.user.weight, renormed.item.weight])
+    assert row_local_tables(ParamLayout(renormed), renormed, [hooked]) == [0]
+    hooked.register_step_post_hook(lambda *_: None)     # user code after the step: any row
+    assert row_local_tables(ParamLayout(renormed), renormed, [hooked]) == []
     assert local(lambda m: OptimizerSequence([
         torch.optim.SparseAdam([m.user.weight], lr=0.1),
         torch.optim.SGD([m.item.weight], lr=0.1, momentum=0.5),
         torch.optim.Adam(m.head.parameters())])) == [0]
+
+
+class MomentumAfter(torch.optim.lr_scheduler.LambdaLR):
+    """A constant learning rate whose ``after``-th step gives every group momentum 0.9 (the
+    user's schedule of an optimizer setting that decides whether a table is row-local)."""
+
+    def __init__(self, optimizer, after: int) -> None:
+        self.after, self.steps = after, 0
+        super().__init__(optimizer, lambda _: 1.0)
+
+    def step(self, *args, **kwargs):
+        super().step(*args, **kwargs)
+        self.steps += 1
+        if self.steps == self.after + 1:       # the constructor steps once
+            for group in self.optimizer.param_groups:
+                group["momentum"] = 0.9
+
+
+def test_a_table_that_stops_being_row_local_mid_run_is_sent_whole(data, verified_replicas,
+                                                                   caplog):
+    """SGD without momentum sends row deltas; when the schedule turns momentum on after
+    iteration 5 every row may move: the weights are taken anew and sent whole from then on,
+    the replicas verified each iteration; the result equals single-process torch."""
+    x, y, rdd = data
+    torch.manual_seed(8)
+    net = TwoTower()
+    initial = copy.deepcopy(net)
+    sgd = torch.optim.SGD(net.parameters(), lr=0.05)
+    with caplog.at_level("INFO", logger="sparkdl"):
+        train(rdd, net, sgd, lr_scheduler=MomentumAfter(sgd, 5),
+              lr_scheduler_step="iteration").optimize()
+    assert any("the tables sent as row deltas are now none" in r.getMessage()
+               for r in caplog.records)
+    reference = reference_train(initial, x, y, nn.MSELoss(),
+                                lambda m: torch.optim.SGD(m.parameters(), lr=0.05),
+                                BatchPlan(SIZES, BATCH, SEED, True), ITERATIONS,
+                                lambda o: MomentumAfter(o, 5), "iteration")
+    assert max_abs_diff(net, reference) <= 1e-5

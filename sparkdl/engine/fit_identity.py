@@ -24,6 +24,8 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from .optimizer_sequence import OptimizerSequence, optimizer_members
+
 __all__ = ["fit_identity", "data_digest", "identity_directory", "FIT_KEYS"]
 
 FIT_KEYS = ("data", "optimizer", "lr_scheduler", "initial_weights", "loss")
@@ -46,8 +48,9 @@ def _plain(value: Any) -> Any:
 def _optimizer_settings(optimizer: Any) -> dict[str, Any]:
     groups = [{k: _plain(v) for k, v in group.items() if k != "params"}
               | {"params": len(group["params"])} for group in optimizer.param_groups]
-    members = getattr(optimizer, "optimizers", None)      # an OptimizerSequence
-    return {"class": ([type(o).__qualname__ for o in members] if members is not None
+    members = optimizer_members(optimizer)
+    return {"class": ([type(o).__qualname__ for o in members]
+                      if isinstance(optimizer, OptimizerSequence)
                       else type(optimizer).__qualname__), "groups": groups}
 
 

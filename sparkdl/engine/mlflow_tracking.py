@@ -41,6 +41,7 @@ from urllib.parse import urlparse
 
 from ..errors import InvalidArgumentError
 from .summary import IterationRecord, TrainingSummary, ValidationRecord
+from .optimizer_sequence import OptimizerSequence, SchedulerSequence
 
 __all__ = ["MlflowSetup", "MlflowTracker", "check_mlflow", "active_run_id", "engine_params",
            "FLUSH_INTERVAL_S", "FINISH_TIMEOUT_S", "MAX_PENDING", "SUMMARY_ARTIFACT"]
@@ -119,9 +120,10 @@ def engine_params(engine: Any, plan: Any) -> dict[str, Any]:
         "parameters": sum(p.numel() for p in engine.model.parameters()),
         "criterion": type(engine.criterion).__name__ if engine.criterion is not None else None,
         "training_step": _name(engine.training_step),
-        "optimizer": (repr(engine.optimizer) if hasattr(engine.optimizer, "optimizers")
+        "optimizer": (repr(engine.optimizer) if isinstance(engine.optimizer, OptimizerSequence)
                       else type(engine.optimizer).__name__),
-        "lr_scheduler": ((repr(engine.lr_scheduler) if hasattr(engine.lr_scheduler, "schedulers")
+        "lr_scheduler": ((repr(engine.lr_scheduler)
+                          if isinstance(engine.lr_scheduler, SchedulerSequence)
                           else type(engine.lr_scheduler).__name__) if engine.lr_scheduler
                          else None),
         "partitions": plan.num_partitions, "samples": plan.num_samples,

@@ -22,7 +22,8 @@ import torch
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["OptimizerSequence", "SchedulerSequence", "as_optimizer", "as_scheduler"]
+__all__ = ["OptimizerSequence", "SchedulerSequence", "as_optimizer", "as_scheduler",
+           "optimizer_members"]
 
 
 class OptimizerSequence(torch.optim.Optimizer):
@@ -141,6 +142,13 @@ class SchedulerSequence:
 
     def __repr__(self) -> str:
         return f"SchedulerSequence({', '.join(type(s).__name__ for s in self.schedulers)})"
+
+
+def optimizer_members(optimizer: Any) -> list[torch.optim.Optimizer]:
+    """The optimizers an :class:`OptimizerSequence` steps, or ``[optimizer]``."""
+    if isinstance(optimizer, OptimizerSequence):
+        return list(optimizer.optimizers)
+    return [optimizer]
 
 
 def as_optimizer(optimizer: Any) -> Any:

@@ -22,14 +22,11 @@ from torch import nn
 
 from ..errors import InvalidArgumentError
 from ..transport.flat_layout import ParamLayout
+from .optimizer_sequence import optimizer_members
 
 __all__ = ["check_sparse_gradients"]
 
 log = logging.getLogger("sparkdl")
-
-
-def _members(optimizer: Any) -> list[torch.optim.Optimizer]:
-    return list(getattr(optimizer, "optimizers", [optimizer]))
 
 
 def _probe_step(optimizer: torch.optim.Optimizer, group: dict[str, Any],
@@ -65,7 +62,7 @@ def check_sparse_gradients(owner: str, model: nn.Module, layout: ParamLayout, op
             "without clipping.")
     tensors = dict(model.named_parameters())
     by_id = {id(tensors[n]): n for n in names}
-    for opt in _members(optimizer):
+    for opt in optimizer_members(optimizer):
         for group in opt.param_groups:
             for p in group["params"]:
                 name = by_id.get(id(p))

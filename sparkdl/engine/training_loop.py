@@ -39,6 +39,7 @@ from ..transport.table_rows import gather_rows, rows_finite, scale_rows
 from ..transport.weight_refresh import DriverWeights, StateVersion, row_local_tables
 from ..triggers import EarlyStopping, MaxEpoch, MaxIteration, TrainingState, Trigger
 from .arguments import scheduler_needs_metric
+from .optimizer_sequence import optimizer_members
 from .progress import ProgressReporter
 from .recovery import run_with_recovery
 from .run_context import RunContext
@@ -171,8 +172,7 @@ class TrainingLoop:
         ctx = self.ctx
         per_epoch = ctx.plan.iterations_per_epoch
         iteration_level = logging.DEBUG if reporter.console else logging.INFO
-        self._weights = DriverWeights(ctx.layout, ctx.model,
-                                      row_local_tables(ctx.layout, ctx.model, ctx.optimizer))
+        self._weights = DriverWeights(ctx.layout, ctx.model, self._row_local())
         weights = self._weights.current()
         while True:
             epoch, step = ctx.plan.epoch_and_step(ctx.iteration)
@@ -186,13 +186,14 @@ class TrainingLoop:
             lr = float(ctx.optimizer.param_groups[0]["lr"])
             if ctx.loss_scaler is None:
                 self._stop_if_not_finite(loss, result.vector, result.rows)
+            local_before = self._row_local()
             self._update(spec, state_vector, result)
             epoch_finished = step == per_epoch - 1
             scheduler_due = ctx.lr_scheduler is not None and (
                 ctx.settings.lr_scheduler_step == "iteration" or epoch_finished)
             if scheduler_due and not self._metric_scheduler:
                 ctx.lr_scheduler.step()
-            weights = self._weights.advance(ctx.model, result.rows)
+            weights = self._refreshed(result, local_before)
             state_vector = weights.state
             update_s = time.perf_counter() - t_update
             ctx.iteration += 1
@@ -222,6 +223,27 @@ class TrainingLoop:
                 log.info("training finished after %d iterations (%d epochs): loss %.6g",
                          ctx.iteration, state.epoch, loss)
                 return
+
+    # ------------------------------------------------------------------ the weights' refresh
+    def _row_local(self) -> set[int]:
+        ctx = self.ctx
+        return set(row_local_tables(ctx.layout, ctx.model, optimizer_members(ctx.optimizer)))
+
+    def _refreshed(self, result: AllReduceResult, local_before: set[int]) -> StateVersion:
+        """The state after this iteration's step. The tables that travel as row deltas are
+        those row-local both before the step and now (a scheduler or the user may change an
+        optimizer's momentum or weight decay); when that set changes the state is taken anew
+        and the next refresh is a full copy."""
+        ctx = self.ctx
+        local = self._row_local() & local_before
+        if local != set(self._weights.row_local):
+            log.info("iteration %d: the tables sent as row deltas are now %s (an optimizer's "
+                     "settings changed); the weights are sent whole once", ctx.iteration + 1,
+                     [ctx.layout.params[k].name for k in sorted(local)] or "none")
+            self._weights = DriverWeights(ctx.layout, ctx.model, sorted(local),
+                                          self._weights.version + 1)
+            return self._weights.current()
+        return self._weights.advance(ctx.model, result.rows)
 
     # ------------------------------------------------------------------ the update
     def _load_sum(self, spec: StepSpec, state_vector: np.ndarray,

@@ -194,7 +194,8 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
     results = run_sub_replicas([
         (lambda s=s, part=part: _share_gradient(step, partition, shard, replica_of(s), part,
                                                 weights)) for s, part in parts])
-    vector, present, loss, normaliser, report.buffers, rows, report.full_read = results[0]
+    vector, present, loss, normaliser, report.buffers, rows, _ = results[0]
+    report.full_read = any(result[6] for result in results)
     for more, more_present, more_loss, more_normaliser, _, more_rows, _ in results[1:]:
         vector += more                                       # in sub-replica order
         present = np.maximum(present, more_present)
@@ -286,9 +287,9 @@ def compute_metric_sums(shard: Shard | None, replica: Replica, weights: np.ndarr
     if shard is None:
         return None, 0
     model = replica.model
-    replica.layout.load_state(model, weights)
     if replica.refresh_state is not None:     # its model no longer holds the refreshed weights
         replica.refresh_state.model_synced = False
+    replica.layout.load_state(model, weights)
     model.eval()
     sums: list[np.ndarray] = [np.zeros(0)] * len(metrics)
     needs_output = not all(uses_step_loss(m, replica.criterion, replica.training_step)

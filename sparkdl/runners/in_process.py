@@ -166,6 +166,7 @@ class InProcessRunner:
                 reports.append(report)
                 parts.append((partition, None if vector is None else
                               self._codec.encode(vector, 0)))
+        self._publisher.settle()
         returned_at, t0 = time.time(), time.perf_counter()
         vector = sum_in_order(parts, self._codec, 0, self._layout.size)
         return AllReduceResult(vector, reduce_s=time.perf_counter() - t0, reports=reports,

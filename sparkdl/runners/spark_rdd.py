@@ -152,6 +152,7 @@ class SparkRddRunner:
             result, lambda missing: data.fill(missing, task, self._resources),
             self._allreduce.complete,
             data.num_partitions)
+        self._publisher.settle()
         result.broadcast_s = broadcast_s
         full = sorted(r.partition for r in result.reports if r.full_read)
         if full and weights.version > refresh.full_version:

@@ -173,8 +173,9 @@ class ParamLayout:
         tensors = dict(model.named_parameters())
         tensors.update(dict(model.named_buffers()))
         device = next(iter(tensors.values())).device
-        blob = self._state_on(state, device)
         skipped = set(skip)
+        # skipping tables on a GPU: the other slots one by one, not the whole state over the bus
+        blob = self._state_on(state, device if not skipped else torch.device("cpu"))
         slots = [s for k, s in enumerate(self.params) if k not in skipped] + self.buffers
         with torch.no_grad():
             for slot in slots:

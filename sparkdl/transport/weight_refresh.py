@@ -12,20 +12,24 @@ whole state every iteration, as before.
   rest plus the changed rows (no pass over a table), and knows what changed.
   :class:`RefreshPublisher` broadcasts a **full copy** at the start and whenever the deltas since
   the last full copy would outgrow it (the delta into it is kept as a bridge, so up-to-date
-  replicas never read it), and a delta otherwise; the task gets a :class:`Refresh`: handles of
-  the full copy and of every delta since (Spark fetches a broadcast once per executor; the
-  Python worker reads only those it needs).
+  replicas do not load it), and a delta otherwise; the task gets a :class:`Refresh`: handles
+  of the full copy and of every delta since. Each executor's JVM fetches every broadcast a task
+  names, once (a new full copy reaches every executor); the Python worker unpickles only those
+  it needs (all of them under ``spark.io.encryption.enabled``). A model without row-local
+  tables gets a full copy each iteration, destroyed after the job (:meth:`settle`).
 * Task: :func:`sync_replica` brings the replica's own copy from its version to ``v``: the deltas
   in order when it holds the full copy's version or a later one, else the full copy first (a new,
   restarted or evicted worker). Each delta carries a chained digest ``H(chain_{v-1}, delta_v)``
   checked before the replica computes, so a replica that missed or misapplied a delta is caught
-  and reloaded. With ``verify`` (Spark setting ``spark.sparkdl.verifyReplicas=true``) the task
-  also hashes its whole model and compares it with the driver's (a pass over the tables: for
-  tests and doubts, not for speed).
+  (a retry of the task loads the full copy). With ``verify`` (Spark setting
+  ``spark.sparkdl.verifyReplicas=true``) the task also hashes its whole model and compares it
+  with the hash of the driver's model itself (a pass over the tables: for tests and doubts,
+  not for speed). Code that edits a row-local table in the tasks (a functional ``max_norm``, a
+  training step writing to the weights) now keeps its edit in the replica: verify catches it.
 
 Example::
 
-    weights = DriverWeights(layout, model, row_local_tables(layout, model, optimizer))
+    weights = DriverWeights(layout, model, row_local_tables(layout, model, [optimizer]))
     refresh = publisher.publish(weights.current())      # each iteration, after the step:
     weights.advance(model, summed_rows)
 """
@@ -53,10 +57,24 @@ log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- which tables
+def _step_hooks(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether code of the user's runs around ``optimizer``'s step (its own or global step
+    hooks): it may move any row."""
+    from torch.optim import optimizer as torch_optimizer
+
+    hooks = [getattr(optimizer, "_optimizer_step_pre_hooks", None),
+             getattr(optimizer, "_optimizer_step_post_hooks", None),
+             getattr(torch_optimizer, "_global_optimizer_pre_hooks", None),
+             getattr(torch_optimizer, "_global_optimizer_post_hooks", None)]
+    return any(bool(h) for h in hooks)
+
+
 def _row_local(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> bool:
     """Whether ``optimizer``'s step on ``group`` changes only the rows a sparse gradient names
-    (torch's own classes, not subclasses: a subclass may do anything)."""
+    (torch's own classes, not subclasses: a subclass may do anything; no step hooks)."""
     kind = type(optimizer)
+    if _step_hooks(optimizer):
+        return False
     if kind is torch.optim.SparseAdam:
         return True
     if kind is torch.optim.Adagrad:
@@ -66,11 +84,12 @@ def _row_local(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> bool:
     return False
 
 
-def row_local_tables(layout: ParamLayout, model: nn.Module, optimizer: Any) -> list[int]:
-    """The ``sparse=True`` tables (parameter indices) whose every optimizer group is row-local:
-    after a step, only the rows of the summed gradient's ids can differ (and no forward pass
-    changes them: no ``max_norm``)."""
-    members = list(getattr(optimizer, "optimizers", [optimizer]))
+def row_local_tables(layout: ParamLayout, model: nn.Module,
+                     optimizers: Sequence[torch.optim.Optimizer]) -> list[int]:
+    """The ``sparse=True`` tables (parameter indices) whose every group in ``optimizers`` (the
+    members of an OptimizerSequence, or the one optimizer) is row-local now: after a step, only
+    the rows of the summed gradient's ids can differ (and no forward pass changes them: no
+    ``max_norm``). Hyperparameters may change between steps: ask before and after each."""
     params = dict(model.named_parameters())
     # a table with max_norm is renormalised in place by the tasks' forward passes: its
     # replicas must be reloaded whole
@@ -81,7 +100,7 @@ def row_local_tables(layout: ParamLayout, model: nn.Module, optimizer: Any) -> l
         p = params[layout.params[k].name]
         if id(p) in renormalised:
             continue
-        groups = [(opt, g) for opt in members for g in opt.param_groups
+        groups = [(opt, g) for opt in optimizers for g in opt.param_groups
                   if any(q is p for q in g["params"])]
         if all(_row_local(opt, g) for opt, g in groups):
             local.append(k)
@@ -145,6 +164,7 @@ class StateVersion:
     delta: Callable[[], Delta] | None = None
     delta_bytes: int = 0
     row_local: tuple[int, ...] = ()
+    fresh: Callable[[], np.ndarray] | None = None   # the whole vector taken anew from the model
 
 
 def _merged(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -166,21 +186,26 @@ def _table_rows_view(state: np.ndarray, layout: ParamLayout, k: int) -> np.ndarr
 class DriverWeights:
     """The driver's state vector, kept current in place (see the module docstring)."""
 
-    def __init__(self, layout: ParamLayout, model: nn.Module, row_local: Sequence[int]) -> None:
-        self.layout = layout
+    def __init__(self, layout: ParamLayout, model: nn.Module, row_local: Sequence[int],
+                 version: int = 0) -> None:
+        self.layout, self.model = layout, model
         self.row_local = sorted(row_local)
         slots = [s for k, s in enumerate(layout.params) if k not in set(self.row_local)]
         self.rest_ranges = _merged([(s.byte_start, s.byte_stop)
                                     for s in slots + layout.buffers])
         self.rest_bytes = sum(b - a for a, b in self.rest_ranges)
         self.state = layout.state_vector(model)
-        self.version = 0
+        self.version = version
         self._changed: dict[int, np.ndarray] | None = None
+
+    def _fresh(self) -> np.ndarray:
+        return self.layout.state_vector(self.model)
 
     def current(self) -> StateVersion:
         changed = self._changed
         if changed is None or not self.row_local:
-            return StateVersion(self.state, self.version)
+            return StateVersion(self.state, self.version, row_local=tuple(self.row_local),
+                                fresh=self._fresh)
         rows_bytes = sum(len(ids) * (8 + _table_rows_view(self.state, self.layout, k).shape[1])
                          for k, ids in changed.items())
         version, state = self.version, self.state
@@ -192,7 +217,7 @@ class DriverWeights:
                     for k, ids in changed.items()}
             return Delta(version, rest, rows)
         return StateVersion(state, version, delta, self.rest_bytes + rows_bytes,
-                            tuple(self.row_local))
+                            tuple(self.row_local), self._fresh)
 
     def reset(self, model: nn.Module) -> StateVersion:
         """The model changed in ways the deltas cannot say (a closure's trial weights, a
@@ -268,7 +293,7 @@ class RefreshPublisher:
         self._broadcast = broadcast
         self._fingerprint = fingerprint
         self._use_deltas, self._verify = deltas, verify
-        self._full: tuple[int, bytes, Any, int] | None = None    # version, chain, handle, bytes
+        self._full: tuple[int, bytes, Any] | None = None    # version, chain, handle
         self._deltas: list[tuple[int, bytes, Any]] = []
         self._delta_total = 0
         self._last: Refresh | None = None
@@ -277,59 +302,69 @@ class RefreshPublisher:
     def publish(self, weights: StateVersion) -> Refresh:
         if self._last is not None and self._last.version == weights.version:
             return self._last               # the same iteration again (a recovery's rerun)
-        follows = (self._use_deltas and weights.delta is not None and self._last is not None
-                   and self._last.version == weights.version - 1)
+        last, full_bytes = self._last, weights.state.nbytes
+        small = (self._use_deltas and weights.delta is not None and last is not None
+                 and last.version == weights.version - 1 and 2 * weights.delta_bytes <= full_bytes)
         bridge_from = None
-        if follows and 2 * weights.delta_bytes <= self._full_bytes(weights) \
-                and self._delta_total + weights.delta_bytes <= self._full_bytes(weights):
-            chain = self._add_delta(weights)
+        if small and self._full is not None \
+                and self._delta_total + weights.delta_bytes <= full_bytes:
+            assert last is not None
+            chain, size = self._add_delta(weights, last.chain)
+            self._delta_total += size
         else:
-            # a new full copy; when this version follows the last by a delta, that delta is
-            # kept beside it (a bridge), so replicas of the last version need not read it
-            previous = self._last
-            self._drop()
+            # a new full copy; when this version follows the last by a small delta, that delta
+            # is kept beside it (a bridge), so replicas of the last version need not load it.
+            # The old broadcasts are destroyed once the new ones exist.
+            old = self._handles()
+            self._deltas, self._delta_total = [], 0
             chain = full_chain(weights.version, self._fingerprint)
-            if follows and 2 * weights.delta_bytes <= self._full_bytes(weights):
-                assert previous is not None
-                bridge_from = (previous.version, previous.chain)
-                chain = self._add_delta(weights, previous.chain)
+            if small:
+                assert last is not None
+                bridge_from = (last.version, last.chain)
+                chain, self._delta_total = self._add_delta(weights, last.chain)
             handle = self._broadcast(FullState(weights.version, weights.state, chain))
-            self._full = (weights.version, chain, handle, weights.state.nbytes)
+            self._full = (weights.version, chain, handle)
             self.full_copies += 1
-            self.full_bytes += weights.state.nbytes
+            self.full_bytes += full_bytes
+            for stale in old:
+                stale.destroy()
         assert self._full is not None
+        verify = None
+        if self._verify:         # the driver's model itself, not the state kept from it
+            verify = state_digest(weights.fresh() if weights.fresh is not None
+                                  else weights.state)
         self._last = Refresh(weights.version, chain, self._full[0], self._full[1], self._full[2],
-                             list(self._deltas), weights.row_local, bridge_from,
-                             state_digest(weights.state) if self._verify else None)
+                             list(self._deltas), weights.row_local, bridge_from, verify)
         return self._last
 
-    @staticmethod
-    def _full_bytes(weights: StateVersion) -> int:
-        return weights.state.nbytes
+    def settle(self) -> None:
+        """After the iteration's job: a state with no row-local tables never gets a delta, so
+        its full copy is destroyed now rather than kept (it may be large, the driver's memory
+        small)."""
+        if self._last is not None and (not self._use_deltas or not self._last.row_local):
+            self.close()
 
-    def _add_delta(self, weights: StateVersion, previous: bytes | None = None) -> bytes:
-        assert weights.delta is not None and self._last is not None
+    def _add_delta(self, weights: StateVersion, previous: bytes) -> tuple[bytes, int]:
+        assert weights.delta is not None
         delta = weights.delta()
-        chain = delta.chained(self._last.chain if previous is None else previous)
+        chain = delta.chained(previous)
         self._deltas.append((weights.version, chain, self._broadcast(delta)))
-        self._delta_total += delta.nbytes
         self.delta_count += 1
         self.delta_bytes += delta.nbytes
-        return chain
+        return chain, delta.nbytes
 
     def summary(self) -> str:
         return (f"{self.full_copies} full copies ({self.full_bytes / 2**20:.1f} MiB) and "
                 f"{self.delta_count} row deltas ({self.delta_bytes / 2**20:.1f} MiB)")
 
-    def _drop(self) -> None:
-        handles = [h for _, _, h in self._deltas] + ([self._full[2]] if self._full else [])
-        for handle in handles:
-            handle.destroy()
-        self._full, self._deltas, self._delta_total = None, [], 0
+    def _handles(self) -> list[Any]:
+        return [h for _, _, h in self._deltas] + ([self._full[2]] if self._full else [])
 
     def close(self) -> None:
-        self._drop()
-        self._last = None
+        """Destroy every broadcast; the next refresh is a full copy."""
+        for handle in self._handles():
+            handle.destroy()
+        self._full, self._deltas, self._delta_total, self._last = None, [], 0, None
 
 
 # ----------------------------------------------------------------------------- task side
@@ -376,7 +411,8 @@ def sync_replica(replica: Any, refresh: Refresh) -> tuple[np.ndarray, bool]:
         delta: Delta = handle.value
         if delta.chained(held.chain) != chain or delta.version != version:
             raise SparkdlError(f"the weights' delta of version {version} does not chain onto "
-                               f"this replica's version {held.version}; it reloads the full copy")
+                               f"this replica's version {held.version}; a retry of this task "
+                               "loads the full copy")
         for k, (ids, rows) in delta.rows.items():
             _table_rows_view(held.state, layout, k)[ids] = rows
             if held.model_synced:
@@ -389,7 +425,7 @@ def sync_replica(replica: Any, refresh: Refresh) -> tuple[np.ndarray, bool]:
         held.version, held.chain = version, chain
     if held.chain != refresh.chain:
         raise SparkdlError(f"this replica reached version {held.version}, not the driver's "
-                           f"{refresh.version}; it reloads the full copy")
+                           f"{refresh.version}; a retry of this task loads the full copy")
     # the rest (buffers the last task changed included); the tables' rows are in place
     layout.load_state(model, held.state, skip=local if held.model_synced else ())
     held.model_synced = True
