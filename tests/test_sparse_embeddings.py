@@ -360,14 +360,20 @@ def verified_replicas(sc):
 def test_row_deltas_keep_every_replica_bitwise_the_drivers_for_50_iterations(
         data, verified_replicas, caplog):
     """SparseAdam (tables) and Adam (head): the refresh sends the touched rows and the head;
-    a full copy when the deltas since the last would outgrow it. Every task of 50 iterations
-    checks its replica's hash against the driver's; the result equals single-process torch."""
+    a full copy when the deltas since the last would outgrow it. A validation job every 7
+    iterations loads other weights into the same replicas. Every task of 50 iterations checks
+    its replica's hash against the driver's; the result equals single-process torch."""
+    from sparkdl import Loss
+
     x, y, rdd = data
     torch.manual_seed(4)
     net = TwoTower()
     initial = copy.deepcopy(net)
+    engine = train(rdd, net, tables_and_rest(net), iterations=50)
+    engine.set_validation(rdd, SeveralIteration(7), [Loss()], batch_size=32)
     with caplog.at_level("INFO", logger="sparkdl"):
-        train(rdd, net, tables_and_rest(net), iterations=50).optimize()
+        engine.optimize()
+    assert len(engine.summary.validations) == 7
     line = next(r.getMessage() for r in caplog.records
                 if r.getMessage().startswith("the weights travelled as"))
     fulls, deltas = (int(w) for w in re.findall(r"(\d+) (?:full copies|row deltas)", line))

@@ -9,7 +9,6 @@ Example::
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
@@ -17,10 +16,11 @@ from torch import nn
 
 from ..argument_checks import argument_error
 from ..errors import InvalidArgumentError
-from .optimizer_sequence import SchedulerSequence
+from .optimizer_sequence import (SchedulerSequence, required_step_arguments,
+                                 scheduler_needs_metric)
 
-__all__ = ["check_training_data", "check_criterion", "check_steps", "check_optimizer", "check_lr_scheduler",
-           "scheduler_needs_metric"]
+__all__ = ["check_training_data", "check_criterion", "check_steps", "check_optimizer",
+           "check_lr_scheduler"]
 
 
 def check_training_data(name: str, owner: str, value: Any) -> Any:
@@ -102,22 +102,6 @@ def check_optimizer(owner: str, optimizer: Any, model: nn.Module) -> torch.optim
     return optimizer
 
 
-def _required_step_arguments(scheduler: Any) -> list[str]:
-    return [name for name, p in inspect.signature(scheduler.step).parameters.items()
-            if p.default is inspect.Parameter.empty
-            and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-
-
-def scheduler_needs_metric(scheduler: Any) -> bool:
-    """True for LR schedulers whose ``step`` takes a metric (``ReduceLROnPlateau``)."""
-    if scheduler is None:
-        return False
-    if isinstance(scheduler, SchedulerSequence):
-        return any(scheduler_needs_metric(s) for s in scheduler.schedulers)
-    return (isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
-            or bool(_required_step_arguments(scheduler)))
-
-
 def check_lr_scheduler(owner: str, scheduler: Any, optimizer: torch.optim.Optimizer) -> Any:
     """``scheduler`` (or None) if it was built over ``optimizer`` and the engine can step it:
     without arguments, or with one metric (it is given a loss, so ``ReduceLROnPlateau`` must
@@ -133,7 +117,7 @@ def check_lr_scheduler(owner: str, scheduler: Any, optimizer: torch.optim.Optimi
         return scheduler
     if not scheduler_needs_metric(scheduler):
         return scheduler
-    required = _required_step_arguments(scheduler)
+    required = required_step_arguments(scheduler)
     if len(required) > 1:
         raise InvalidArgumentError(
             f"The 'lr_scheduler' argument of {owner}: {type(scheduler).__name__}.step needs "

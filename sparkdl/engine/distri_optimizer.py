@@ -69,7 +69,8 @@ from ..runners.interface import RunnerOptions
 from ..data.ragged import model_arguments
 from .summary import TrainingSummary
 from .task_parallelism import choose_sub_replicas, concurrency_hazard, prefers_sub_replicas
-from .training_loop import TrainingLoop, needs_closure
+from .optimizer_sequence import needs_closure
+from .training_loop import TrainingLoop
 from .validation import Validation
 
 __all__ = ["DistriOptimizer"]

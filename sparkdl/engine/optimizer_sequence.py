@@ -4,7 +4,9 @@ The standard recipe for a recommender is one optimizer for the embedding tables,
 sparse gradients (``SparseAdam``, ``Adagrad``), and another for the dense rest (``Adam``).
 :class:`OptimizerSequence` steps its optimizers in order, zeroes them together and checkpoints
 them as one state; :class:`SchedulerSequence` does the same for their schedulers. The engine
-takes a list of optimizers (``optimizer=[...]``) and of schedulers and wraps them so.
+takes a list of optimizers (``optimizer=[...]``) and of schedulers and wraps them so. Also here,
+what the loop asks of any optimizer or scheduler, one or a sequence: its members, whether its
+step needs a closure (:func:`needs_closure`) or a metric (:func:`scheduler_needs_metric`).
 
 Example::
 
@@ -16,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Sequence
 
 import torch
@@ -23,7 +26,31 @@ import torch
 from ..errors import InvalidArgumentError
 
 __all__ = ["OptimizerSequence", "SchedulerSequence", "as_optimizer", "as_scheduler",
-           "optimizer_members"]
+           "optimizer_members", "needs_closure", "scheduler_needs_metric",
+           "required_step_arguments"]
+
+
+def needs_closure(optimizer: Any) -> bool:
+    """True for optimizers whose ``step`` requires a closure (``torch.optim.LBFGS``)."""
+    closure = inspect.signature(optimizer.step).parameters.get("closure")
+    return closure is not None and closure.default is inspect.Parameter.empty
+
+
+def required_step_arguments(scheduler: Any) -> list[str]:
+    """The arguments ``scheduler.step`` cannot be called without."""
+    return [name for name, p in inspect.signature(scheduler.step).parameters.items()
+            if p.default is inspect.Parameter.empty
+            and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def scheduler_needs_metric(scheduler: Any) -> bool:
+    """True for LR schedulers whose ``step`` takes a metric (``ReduceLROnPlateau``)."""
+    if scheduler is None:
+        return False
+    if isinstance(scheduler, SchedulerSequence):
+        return any(scheduler_needs_metric(s) for s in scheduler.schedulers)
+    return (isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+            or bool(required_step_arguments(scheduler)))
 
 
 class OptimizerSequence(torch.optim.Optimizer):
@@ -49,8 +76,6 @@ class OptimizerSequence(torch.optim.Optimizer):
                     seen[id(p)] = k
         if not self.optimizers:
             raise InvalidArgumentError("optimizer: an empty sequence of optimizers.")
-        from .training_loop import needs_closure
-
         for k, opt in enumerate(self.optimizers):
             if needs_closure(opt):
                 raise InvalidArgumentError(
@@ -117,8 +142,6 @@ class SchedulerSequence:
                     "the optimizers of the optimizer sequence.")
 
     def step(self, metric: Any = None) -> None:
-        from .arguments import scheduler_needs_metric
-
         for scheduler in self.schedulers:
             if scheduler_needs_metric(scheduler):
                 scheduler.step(metric)

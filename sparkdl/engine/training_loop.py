@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 import logging
 import math
 import time
@@ -38,14 +37,13 @@ from ..transport.flat_layout import combine_buffers, summed_presence
 from ..transport.table_rows import gather_rows, rows_finite, scale_rows
 from ..transport.weight_refresh import DriverWeights, StateVersion, row_local_tables
 from ..triggers import EarlyStopping, MaxEpoch, MaxIteration, TrainingState, Trigger
-from .arguments import scheduler_needs_metric
-from .optimizer_sequence import optimizer_members
+from .optimizer_sequence import needs_closure, optimizer_members, scheduler_needs_metric
 from .progress import ProgressReporter
 from .recovery import run_with_recovery
 from .run_context import RunContext
 from .summary import IterationRecord
 
-__all__ = ["TrainingLoop", "needs_closure"]
+__all__ = ["TrainingLoop"]
 
 log = logging.getLogger("sparkdl")
 
@@ -89,12 +87,6 @@ def _normalize(result: AllReduceResult, batch_size: int, what: str, weighted: bo
 def _batch_loss(result: AllReduceResult) -> float:
     """The union batch's loss: the tasks' weighted parts, summed exactly."""
     return float(math.fsum(r.loss for r in result.reports))
-
-
-def needs_closure(optimizer: Any) -> bool:
-    """True for optimizers whose ``step`` requires a closure (``torch.optim.LBFGS``)."""
-    closure = inspect.signature(optimizer.step).parameters.get("closure")
-    return closure is not None and closure.default is inspect.Parameter.empty
 
 
 class TrainingLoop:
