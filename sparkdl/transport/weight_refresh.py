@@ -190,9 +190,7 @@ class DriverWeights:
                  version: int = 0) -> None:
         self.layout, self.model = layout, model
         self.row_local = sorted(row_local)
-        slots = [s for k, s in enumerate(layout.params) if k not in set(self.row_local)]
-        self.rest_ranges = _merged([(s.byte_start, s.byte_stop)
-                                    for s in slots + layout.buffers])
+        self.rest_ranges = _rest_ranges(layout, set(self.row_local))
         self.rest_bytes = sum(b - a for a, b in self.rest_ranges)
         self.state = layout.state_vector(model)
         self.version = version
@@ -379,10 +377,9 @@ class ReplicaState:
     model_synced: bool = True
 
 
-def _load_rows(layout: ParamLayout, model: nn.Module, k: int, ids: np.ndarray,
+def _load_rows(layout: ParamLayout, param: torch.Tensor, k: int, ids: np.ndarray,
                state: np.ndarray) -> None:
     slot = layout.params[k]
-    param = dict(model.named_parameters())[slot.name]
     rows = _table_rows_view(state, layout, k)[ids]
     values = torch.from_numpy(rows).view(slot.dtype).view(len(ids), *slot.shape[1:])
     index = torch.from_numpy(ids)
@@ -407,6 +404,8 @@ def sync_replica(replica: Any, refresh: Refresh) -> tuple[np.ndarray, bool]:
     replica.refresh_state = None            # until it is whole again
     pending = [(v, c, h) for v, c, h in refresh.deltas if v > held.version]
     local = set(refresh.row_local)
+    rest_ranges = _rest_ranges(layout, local)
+    params = dict(model.named_parameters())
     for version, chain, handle in pending:
         delta: Delta = handle.value
         if delta.chained(held.chain) != chain or delta.version != version:
@@ -416,10 +415,10 @@ def sync_replica(replica: Any, refresh: Refresh) -> tuple[np.ndarray, bool]:
         for k, (ids, rows) in delta.rows.items():
             _table_rows_view(held.state, layout, k)[ids] = rows
             if held.model_synced:
-                _load_rows(layout, model, k, ids, held.state)
+                _load_rows(layout, params[layout.params[k].name], k, ids, held.state)
         if delta.rest.nbytes:
             offset = 0
-            for a, b in _rest_ranges(layout, local):
+            for a, b in rest_ranges:
                 held.state[a:b] = delta.rest[offset:offset + b - a]
                 offset += b - a
         held.version, held.chain = version, chain
