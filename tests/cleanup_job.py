@@ -1,10 +1,11 @@
-"""Five fits of a ~20 MB model on a local-cluster (own process), with the best-effort cleanup job
-switched off, then a probe of what every Python worker still holds.
+"""Fits of a ~20 MB model on a local-cluster (own process), with the best-effort cleanup job
+switched off, each group followed by a probe of what every Python worker still holds.
 
-    python cleanup_job.py OUT.json [--no-eviction]
+    python cleanup_job.py OUT.json
 
-``--no-eviction``: tasks carry no live-run snapshot either, so nothing evicts finished runs (the
-probe must then see them: the test's check can fail).
+Two groups of three fits in one session: first as sparkdl runs them, then with tasks that carry
+no live-run snapshot, so that nothing evicts finished runs (the probe must then see them: the
+test's check can fail).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def probe(_):
 
 
 def main() -> None:
-    out, no_eviction = sys.argv[1], "--no-eviction" in sys.argv
+    out = sys.argv[1]
     from conftest import spark_builder
     from models import make_rdd
     import sparkdl.runners.held_data as held_data
@@ -44,25 +45,30 @@ def main() -> None:
 
     spark_rdd.new_key = held_data.new_key = recording
     spark_rdd.clean_workers = lambda sc, keys: None          # the cleanup job: off
-    if no_eviction:
-        spark_rdd.live_runs = held_data.live_runs = lambda: None
     spark = spark_builder("local-cluster[2,1,1024]").getOrCreate()
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")
     rng = np.random.default_rng(0)
     x = rng.normal(size=(40, 2300)).astype(np.float32)
     y = rng.integers(0, 2300, 40)
-    for fit in range(5):
-        keys.append([])
-        torch.manual_seed(fit)
-        net = torch.nn.Linear(2300, 2300)                    # 21 MB of float32 weights
-        DistriOptimizer(net, make_rdd(sc, list(zip(x, y)), [10, 10, 10, 10]),
-                        torch.nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1),
-                        batch_size=16, end_trigger=MaxIteration(2), seed=fit,
-                        progress_bar=False).optimize()
-    held = sc.parallelize(range(16), 16).mapPartitions(probe).collect()
+    groups = []
+    for group, eviction in enumerate((True, False)):
+        if not eviction:
+            spark_rdd.live_runs = held_data.live_runs = lambda: None
+        keys.clear()
+        for fit in range(3):
+            keys.append([])
+            torch.manual_seed(fit)
+            net = torch.nn.Linear(2300, 2300)                # 21 MB of float32 weights
+            DistriOptimizer(net, make_rdd(sc, list(zip(x, y)), [10, 10, 10, 10]),
+                            torch.nn.CrossEntropyLoss(),
+                            torch.optim.SGD(net.parameters(), lr=0.1), batch_size=16,
+                            end_trigger=MaxIteration(2), seed=3 * group + fit,
+                            progress_bar=False).optimize()
+        held = sc.parallelize(range(16), 16).mapPartitions(probe).collect()
+        groups.append({"fits": [list(k) for k in keys], "held": held})
     with open(out, "w") as f:
-        json.dump({"fits": keys, "held": held}, f)
+        json.dump(groups, f)
     spark.stop()
 
 

@@ -62,11 +62,12 @@ def classifier(**params):
     return NNClassifier(**settings)
 
 
-def fit_classifier(spark, data_dir, checkpoint_dir, epochs=2):
+def fit_classifier(spark, data_dir, checkpoint_dir, epochs=2, batch_size=32):
     """Validation rows, validation metrics and checkpoints: the classic fit's features."""
     df = spark.read.parquet(f"{data_dir}/clf")
     return classifier(validationIndicatorCol="is_val", checkpointDir=checkpoint_dir,
-                      validationMetrics=["loss", "accuracy"], maxEpoch=epochs).fit(df)
+                      validationMetrics=["loss", "accuracy"], maxEpoch=epochs,
+                      batchSize=batch_size).fit(df)
 
 
 def fit_regressor(spark, data_dir):
@@ -243,7 +244,7 @@ def fills_phase(spark, data_dir, out, results):
     torch.save(net.state_dict(), f"{out}/fills_shuffle.pt")
     results["fills_misses"] = summary.placement_misses
     results["fills_rebuilt"] = summary.shards_rebuilt
-    model = fit_classifier(spark, data_dir, "", epochs=1)
+    model = fit_classifier(spark, data_dir, "", epochs=1, batch_size=96)   # 3 iterations
     torch.save(model.state_dict(), f"{out}/fills_classifier.pt")
 
 

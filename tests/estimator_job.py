@@ -35,7 +35,7 @@ def model():
 def fit(spark, epochs, checkpoint_dir=""):
     from sparkdl import NNEstimator
 
-    est = NNEstimator(model=model, criterion=torch.nn.MSELoss(), labelCol="y", batchSize=16,
+    est = NNEstimator(model=model, criterion=torch.nn.MSELoss(), labelCol="y", batchSize=48,
                       maxEpoch=epochs, seed=5, numTrainWorkers=2, optimizer="adam",
                       learningRate=0.01, checkpointDir=checkpoint_dir, progressBar=False)
     return est.fit(frame(spark))

@@ -146,5 +146,5 @@ def test_missing_shards_are_filled_and_the_result_is_unchanged(spark, connect_ru
     assert results["fills_rebuilt"] == results["fills_misses"]
     net, _ = job.engine_shuffle(spark, data_dir, connect=False, iterations=3)
     assert bitwise_equal(net.state_dict(), _weights(out, "fills_shuffle.pt"))
-    model = job.fit_classifier(spark, data_dir, "", epochs=1)
+    model = job.fit_classifier(spark, data_dir, "", epochs=1, batch_size=96)
     assert bitwise_equal(model.state_dict(), _weights(out, "fills_classifier.pt"))
