@@ -45,9 +45,15 @@ def connect_run(spark, tmp_path_factory):
     data_dir, out = str(root / "data"), str(root / "out")
     job.write_data(spark, data_dir)
     results = _run_phase(data_dir, out, "main")
-    results.update(_run_phase(data_dir, out, "fills"))
     assert results["connect"] == "pyspark.sql.connect.session"
     return data_dir, out, results
+
+
+@pytest.fixture(scope="module")
+def fills_run(connect_run):
+    """The fills phase: a server whose Python workers are never reused (its own process)."""
+    data_dir, out, _ = connect_run
+    return data_dir, out, _run_phase(data_dir, out, "fills")
 
 
 def _weights(out, name):
@@ -138,10 +144,10 @@ def test_bad_input_and_the_engine_api_give_clear_errors_under_connect(connect_ru
     assert "sparkdl.NNEstimator" in results["engine_api_error"]
 
 
-def test_missing_shards_are_filled_and_the_result_is_unchanged(spark, connect_run):
+def test_missing_shards_are_filled_and_the_result_is_unchanged(spark, fills_run):
     """A server whose Python workers are never reused and keep shards in memory only: every
     task misses its shard, fill jobs build it, and the weights are still the classic ones."""
-    data_dir, out, results = connect_run
+    data_dir, out, results = fills_run
     assert results["fills_misses"] >= 3 * 2            # every partition of every iteration
     assert results["fills_rebuilt"] == results["fills_misses"]
     net, _ = job.engine_shuffle(spark, data_dir, connect=False, iterations=3)
