@@ -36,3 +36,6 @@ def test_a_checkpoint_above_250_mb_is_written_and_resumed_bitwise(tmp_path):
     resumed.load_state_dict(torch.load(tmp_path / "resumed.pt", weights_only=True))
     whole.load_state_dict(torch.load(tmp_path / "whole.pt", weights_only=True))
     assert bitwise_equal(resumed, whole)
+    at_two = torch.nn.Linear(2400, 9000)        # the checkpoint's weights: iteration 3 trained
+    at_two.load_state_dict(torch.load(ckpt / files[0], weights_only=False)["model_state"])
+    assert not bitwise_equal(at_two, whole)
