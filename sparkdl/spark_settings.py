@@ -13,6 +13,17 @@
 - ``spark.ui.showConsoleProgress=false``: Spark's stage bar would fight sparkdl's own progress
   bar for the terminal line.
 
+``LOCAL_JAVA_OPTIONS`` (``-XX:TieredStopAtLevel=1``) is added to ``spark.driver.extraJavaOptions``
+for a ``local[...]`` master started from plain Python, where the one JVM schedules the tasks and
+shares the cores with the Python workers that compute them: HotSpot's optimizing compiler (C2)
+spends the first hundreds of iterations compiling Spark's hot code on those cores and the tasks
+run slower meanwhile. Stopping at the quick compiler (C1) made W2's first iterations 0.67x as
+long on local[2] and its 300th the same (``bench/jvm_options.py``, bench/RESULTS.md); W3's 0.96x
+and 0.91x. It is not applied where the session already has driver options, nor under
+``spark-submit`` (the JVM has started) nor on cluster masters: long-lived executors with many cores
+gain from C2 in the rest of the job (SQL, ETL), and ``spark.executor.extraJavaOptions`` is the
+user's call there (README, "Spark settings").
+
 Example::
 
     from sparkdl.spark_settings import spark_session
@@ -26,13 +37,53 @@ import os
 import sys
 from typing import Any, Mapping
 
-__all__ = ["RECOMMENDED_CONF", "spark_session"]
+__all__ = ["RECOMMENDED_CONF", "LOCAL_JAVA_OPTIONS", "recommended_conf", "is_local_master",
+           "spark_session"]
 
 RECOMMENDED_CONF: dict[str, str] = {
     "spark.python.unix.domain.socket.enabled": "true",
     "spark.task.maxDirectResultSize": "64m",
     "spark.ui.showConsoleProgress": "false",
 }
+
+LOCAL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+"""The driver JVM's options for a ``local[...]`` master (module docstring)."""
+
+
+def is_local_master(master: str) -> bool:
+    """True for ``local``, ``local[N]``, ``local[*]`` and ``local[N,F]`` (one JVM that runs the
+    tasks too), not ``local-cluster[...]``."""
+    return master == "local" or master.startswith("local[")
+
+
+def recommended_conf(master: str, given: set[str], starts_jvm: bool) -> dict[str, str]:
+    """The recommended settings a session on ``master`` gets, less the keys in ``given`` (set
+    by the user); :data:`LOCAL_JAVA_OPTIONS` only when the session ``starts_jvm`` on a local
+    master.
+
+    Example::
+
+        recommended_conf("local[2]", set(), True)["spark.driver.extraJavaOptions"]
+    """
+    out = dict(RECOMMENDED_CONF)
+    if starts_jvm and is_local_master(master):
+        out["spark.driver.extraJavaOptions"] = LOCAL_JAVA_OPTIONS
+    return {k: v for k, v in out.items() if k not in given}
+
+
+def _defaults_file_keys() -> set[str]:
+    """The keys of the spark-defaults.conf that ``spark-submit`` would read for this session."""
+    conf_dir = os.environ.get("SPARK_CONF_DIR")
+    if not conf_dir:
+        from pyspark.find_spark_home import _find_spark_home
+
+        conf_dir = os.path.join(_find_spark_home(), "conf")
+    try:
+        with open(os.path.join(conf_dir, "spark-defaults.conf")) as f:
+            return {line.split(None, 1)[0] for line in f
+                    if line.strip() and not line.lstrip().startswith("#")}
+    except OSError:
+        return set()
 
 
 def spark_session(app_name: str, master: str = "local[*]",
@@ -42,6 +93,8 @@ def spark_session(app_name: str, master: str = "local[*]",
     ``master`` is used only when nothing set one (under ``spark-submit --master ...`` the
     submitted master wins); a recommended setting is applied only where the job's own
     configuration (``--conf``, spark-defaults.conf) has none; ``conf`` entries always apply.
+    A ``local[...]`` session this call starts gets :data:`LOCAL_JAVA_OPTIONS` as its driver's
+    ``spark.driver.extraJavaOptions`` unless ``conf`` or the configuration sets that.
     ``PYSPARK_PYTHON`` defaults to this interpreter, so executors find torch.
     """
     from pyspark import SparkConf, SparkContext
@@ -57,9 +110,12 @@ def spark_session(app_name: str, master: str = "local[*]",
     builder = SparkSession.builder.appName(app_name)
     if not submitted.contains("spark.master"):
         builder = builder.master(master)
-    for key, value in RECOMMENDED_CONF.items():
-        if not submitted.contains(key):
-            builder = builder.config(key, value)
+    starts_jvm = ("PYSPARK_GATEWAY_PORT" not in os.environ
+                  and SparkContext._active_spark_context is None)
+    given = set(conf or {}) | {k for k, _ in submitted.getAll()} | _defaults_file_keys()
+    for key, value in recommended_conf(submitted.get("spark.master", master), given,
+                                       starts_jvm).items():
+        builder = builder.config(key, value)
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

@@ -16,6 +16,13 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (TESTS_DIR, os.environ.get("PYTHONPATH", "")) if p)
+# Every JVM the tests start (the session's, local-cluster executors, standalone daemons, the
+# jobs run as subprocesses, Connect servers) compiles with C1 only: short-lived JVMs on a 2-core
+# machine otherwise spend their cores on C2 compiling while the Python workers wait
+# (sparkdl.spark_settings.LOCAL_JAVA_OPTIONS; bench/jvm_options.py). It changes no result.
+if "TieredStopAtLevel" not in os.environ.get("JDK_JAVA_OPTIONS", ""):
+    os.environ["JDK_JAVA_OPTIONS"] = " ".join(
+        p for p in (os.environ.get("JDK_JAVA_OPTIONS", ""), "-XX:TieredStopAtLevel=1") if p)
 
 
 def spark_builder(master: str):

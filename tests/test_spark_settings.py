@@ -1,0 +1,61 @@
+"""The session sparkdl's ``spark_session`` builds: its recommended settings, the local JVM's
+compiler options (issue 21: the cold JVM), and that nothing the user set is replaced."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from sparkdl.spark_settings import (LOCAL_JAVA_OPTIONS, RECOMMENDED_CONF, _defaults_file_keys,
+                                    is_local_master, recommended_conf)
+
+JAVA = "spark.driver.extraJavaOptions"
+
+
+def test_local_masters_get_the_quick_compiler_and_cluster_masters_do_not():
+    for master in ("local", "local[2]", "local[*]", "local[4,3]"):
+        assert is_local_master(master), master
+        assert recommended_conf(master, set(), True)[JAVA] == LOCAL_JAVA_OPTIONS
+    for master in ("local-cluster[2,1,1024]", "spark://host:7077", "yarn", "k8s://h:443"):
+        assert not is_local_master(master), master
+        assert recommended_conf(master, set(), True) == RECOMMENDED_CONF
+    # a JVM that runs already (spark-submit, an active context) cannot take it
+    assert JAVA not in recommended_conf("local[2]", set(), False)
+
+
+def test_what_the_user_set_is_never_replaced(tmp_path, monkeypatch):
+    given = {JAVA, "spark.task.maxDirectResultSize"}
+    out = recommended_conf("local[2]", given, True)
+    assert not given & set(out)
+    assert out["spark.python.unix.domain.socket.enabled"] == "true"
+    # spark-defaults.conf counts as set (spark-submit reads it when pyspark starts the JVM)
+    (tmp_path / "spark-defaults.conf").write_text(
+        "# a comment\n\nspark.driver.extraJavaOptions  -Dsite=1\nspark.executor.memory 2g\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    assert _defaults_file_keys() == {JAVA, "spark.executor.memory"}
+
+
+_JOB = """
+import json, sys
+from sparkdl.spark_settings import spark_session
+conf = json.loads(sys.argv[1])
+spark = spark_session("settings", "local[1]", conf)
+bean = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+print(json.dumps(list(bean.getInputArguments())))
+spark.stop()
+"""
+
+
+def _jvm_arguments(conf: dict) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", _JOB, json.dumps(conf)], capture_output=True,
+                         text=True, timeout=300, env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_local_session_starts_its_jvm_with_the_options_and_the_users_own():
+    # the user's other settings (here the driver's memory) reach the same JVM
+    arguments = _jvm_arguments({"spark.driver.memory": "700m"})
+    assert LOCAL_JAVA_OPTIONS in arguments and "-Xmx700m" in arguments
