@@ -74,10 +74,11 @@ def recommended_conf(master: str, given: set[str], starts_jvm: bool) -> dict[str
 def _defaults_file_keys() -> set[str]:
     """The keys of the spark-defaults.conf that ``spark-submit`` would read for this session."""
     conf_dir = os.environ.get("SPARK_CONF_DIR")
-    if not conf_dir:
-        from pyspark.find_spark_home import _find_spark_home
+    if not conf_dir:        # spark-submit's SPARK_HOME: the pyspark package when pip-installed
+        import pyspark
 
-        conf_dir = os.path.join(_find_spark_home(), "conf")
+        home = os.environ.get("SPARK_HOME") or os.path.dirname(os.path.abspath(pyspark.__file__))
+        conf_dir = os.path.join(home, "conf")
     try:
         with open(os.path.join(conf_dir, "spark-defaults.conf")) as f:
             return {line.split(None, 1)[0] for line in f
