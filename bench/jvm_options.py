@@ -22,7 +22,10 @@ import os
 import statistics
 import subprocess
 import sys
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 OPTION_SETS = {
     "default": "",
@@ -34,8 +37,6 @@ OPTION_SETS = {
 
 def child(workload: str, iterations: int, java_options: str) -> None:
     """One fresh session: train ``workload`` and print its per-iteration times as JSON."""
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    sys.path.insert(0, ROOT)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     import compare_runners as cr
@@ -67,7 +68,6 @@ def main() -> None:
     if args.child:      # the options travel in the environment (they start with "-")
         child(args.workload, args.iterations, os.environ["SPARKDL_BENCH_JAVA_OPTIONS"])
         return
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
     from compare_runners import WORKLOADS
 
     w = WORKLOADS[args.workload]

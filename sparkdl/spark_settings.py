@@ -102,7 +102,8 @@ def spark_session(app_name: str, master: str = "local[*]",
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    if "PYSPARK_GATEWAY_PORT" in os.environ:
+    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    if under_submit:
         # Started by spark-submit: its JVM already runs with the submitted settings.
         SparkContext._ensure_initialized()
         submitted = SparkConf()
@@ -111,8 +112,7 @@ def spark_session(app_name: str, master: str = "local[*]",
     builder = SparkSession.builder.appName(app_name)
     if not submitted.contains("spark.master"):
         builder = builder.master(master)
-    starts_jvm = ("PYSPARK_GATEWAY_PORT" not in os.environ
-                  and SparkContext._active_spark_context is None)
+    starts_jvm = not under_submit and SparkContext._active_spark_context is None
     given = set(conf or {}) | {k for k, _ in submitted.getAll()} | _defaults_file_keys()
     for key, value in recommended_conf(submitted.get("spark.master", master), given,
                                        starts_jvm).items():

@@ -21,8 +21,10 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 # machine otherwise spend their cores on C2 compiling while the Python workers wait
 # (sparkdl.spark_settings.LOCAL_JAVA_OPTIONS; bench/jvm_options.py). It changes no result.
 if "TieredStopAtLevel" not in os.environ.get("JDK_JAVA_OPTIONS", ""):
+    from sparkdl.spark_settings import LOCAL_JAVA_OPTIONS
+
     os.environ["JDK_JAVA_OPTIONS"] = " ".join(
-        p for p in (os.environ.get("JDK_JAVA_OPTIONS", ""), "-XX:TieredStopAtLevel=1") if p)
+        p for p in (os.environ.get("JDK_JAVA_OPTIONS", ""), LOCAL_JAVA_OPTIONS) if p)
 
 
 def spark_builder(master: str):
