@@ -239,6 +239,47 @@ def train_sparkdl(w: Workload, x: np.ndarray, y: np.ndarray, sc: Any, iterations
     return opt
 
 
+class Py4jCounter:
+    """Counts the driver's py4j round trips (every command sent to the JVM) and notes the
+    count each time the runner starts an iteration's jobs: the differences are the round
+    trips of one iteration (its jobs, the update, the weights' broadcast)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.marks: list[int] = []
+
+    def __enter__(self) -> "Py4jCounter":
+        from py4j.clientserver import ClientServerConnection
+
+        from sparkdl.runners.spark_rdd import SparkRddRunner
+
+        self._patched = [(ClientServerConnection, "send_command"),
+                         (SparkRddRunner, "gradients")]
+        self._saved = [getattr(c, n) for c, n in self._patched]
+        send, gradients, counter = self._saved[0], self._saved[1], self
+
+        def counted_send(conn: Any, command: str, *a: Any, **k: Any) -> Any:
+            counter.calls += 1
+            return send(conn, command, *a, **k)
+
+        def marked_gradients(runner: Any, *a: Any, **k: Any) -> Any:
+            counter.marks.append(counter.calls)
+            return gradients(runner, *a, **k)
+
+        ClientServerConnection.send_command = counted_send
+        SparkRddRunner.gradients = marked_gradients
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for (cls, name), saved in zip(self._patched, self._saved):
+            setattr(cls, name, saved)
+
+    def per_iteration(self, first: int) -> float:
+        """Median round trips of the iterations from ``first`` on (the last one excluded)."""
+        steps = [b - a for a, b in zip(self.marks, self.marks[1:])][first:]
+        return float(statistics.median(steps)) if steps else 0.0
+
+
 def run_sparkdl(w: Workload, x: np.ndarray, y: np.ndarray, sc: Any = None,
                 allreduce: str = "auto", compression: str | None = None, **_: Any) -> Result:
     from sparkdl.executor.process_memory import current_rss_bytes
@@ -246,12 +287,14 @@ def run_sparkdl(w: Workload, x: np.ndarray, y: np.ndarray, sc: Any = None,
     kwargs = {"allreduce": allreduce}
     if compression:
         kwargs["compression"] = compression
-    opt = train_sparkdl(w, x, y, sc, w.warmup + w.timed, **kwargs)
+    with Py4jCounter() as counter:
+        opt = train_sparkdl(w, x, y, sc, w.warmup + w.timed, **kwargs)
     timed = opt.summary.iterations[w.warmup:]
     split = {k: statistics.median(getattr(r, k) for r in timed)
              for k in ("wall_s", "compute_s", "reduce_s", "update_s", "broadcast_s", "launch_s",
                        "exchange_s", "collect_s", "other_s")}
     split["overhead_s"] = statistics.median(r.wall_s - r.compute_s for r in timed)
+    split["py4j_calls"] = counter.per_iteration(w.warmup)
     return Result(sum(r.records for r in timed) / sum(r.wall_s for r in timed),
                   opt.summary.iterations[0].loss, opt.summary.iterations[-1].loss,
                   driver_rss=current_rss_bytes(),
@@ -302,12 +345,23 @@ def run_naive(w: Workload, x: np.ndarray, y: np.ndarray, sc: Any = None, **_: An
 
 
 # ------------------------------------------------------------------------------------- floor
-def spark_floor(sc: Any, nbytes: int, repeats: int = 15) -> tuple[float, float]:
-    """Median seconds of an empty two-stage PySpark job and of broadcasting ``nbytes``."""
+def _consume(records: Any) -> Any:
+    """A one-stage floor task: reads its input to the end (a PySpark worker that stops
+    reading early is not reused, and the next task pays a fresh worker), yields one record."""
+    for _ in records:
+        pass
+    yield 1
+
+
+def spark_floor(sc: Any, nbytes: int, repeats: int = 15) -> tuple[float, float, float]:
+    """Median seconds of an empty two-stage PySpark job (map, reduceByKey, collect), of
+    broadcasting ``nbytes``, and of an empty one-stage PySpark job (mapPartitions, collect)
+    over a cached RDD of ``PARTITIONS`` partitions."""
     from operator import add
 
-    rdd = sc.parallelize(range(PARTITIONS), PARTITIONS)
-    jobs, casts = [], []
+    rdd = sc.parallelize(range(PARTITIONS), PARTITIONS).cache()
+    rdd.count()
+    jobs, casts, ones = [], [], []
     payload = np.zeros(nbytes // 4, dtype=np.float32)
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -317,7 +371,11 @@ def spark_floor(sc: Any, nbytes: int, repeats: int = 15) -> tuple[float, float]:
         bc = sc.broadcast(payload)
         casts.append(time.perf_counter() - t0)
         bc.destroy(blocking=False)
-    return statistics.median(jobs), statistics.median(casts)
+        t0 = time.perf_counter()
+        rdd.mapPartitions(_consume).collect()
+        ones.append(time.perf_counter() - t0)
+    rdd.unpersist()
+    return statistics.median(jobs), statistics.median(casts), statistics.median(ones)
 
 
 RUNNERS = {
@@ -379,7 +437,7 @@ def main() -> None:
         print(f"{args.warm_iterations} warm-up iterations of W1 in "
               f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     results: dict[tuple[str, str], list[Result]] = {}
-    floors: dict[str, list[tuple[float, float]]] = {}
+    floors: dict[str, list[tuple[float, float, float]]] = {}
     for r in range(args.rounds):
         for wname in args.workloads:
             w = WORKLOADS[wname]
@@ -410,8 +468,8 @@ def main() -> None:
 
 
 def report(args: Any, results: dict[tuple[str, str], list[Result]],
-           floors: dict[str, list[tuple[float, float]]],
-           clean_floors: dict[str, tuple[float, float]]) -> None:
+           floors: dict[str, list[tuple[float, float, float]]],
+           clean_floors: dict[str, tuple[float, float, float]]) -> None:
     print(f"\n{args.rounds} round(s), medians; {args.master}; data {SAMPLES} samples in "
           f"{PARTITIONS} partitions; "
           + ("cold (no warm-up)" if args.cold else
@@ -450,9 +508,10 @@ def report(args: Any, results: dict[tuple[str, str], list[Result]],
             rs = [r for r in results.get((wname, runner), []) if r.split]
             if not rs:
                 continue
-            s = {k: 1000 * statistics.median(r.split[k] for r in rs) for k in rs[0].split}
+            s = {k: 1000 * statistics.median(r.split[k] for r in rs) for k in rs[0].split
+                 if k != "py4j_calls"}
             floor = 1000 * (job + cast)
-            clean = 1000 * sum(clean_floors[wname])
+            clean = 1000 * sum(clean_floors[wname][:2])
             print(f"| {wname} | {runner} | {s['wall_s']:.1f} | {s['compute_s']:.1f} | "
                   f"{s['launch_s']:.1f} | {s['exchange_s']:.1f} | {s['reduce_s']:.1f} | "
                   f"{s['collect_s']:.1f} | {s['update_s']:.1f} | {s['broadcast_s']:.1f} | "
@@ -460,6 +519,23 @@ def report(args: Any, results: dict[tuple[str, str], list[Result]],
                   f"{1000 * clean_floors[wname][0]:.1f} + {1000 * clean_floors[wname][1]:.1f} | "
                   f"{s['overhead_s'] / clean:.2f} | {1000 * job:.1f} + {1000 * cast:.1f} | "
                   f"{s['overhead_s'] / floor:.2f} |")
+    print("\nsparkdl's overhead (iteration minus slowest task, ms) against Spark's one-stage job "
+          "floor (an empty mapPartitions + collect over a cached RDD of the same partitions), on "
+          "clean workers and in the session, and its py4j round trips per iteration:\n")
+    print("| workload | runner | overhead | one-stage floor, clean workers | overhead / clean | "
+          "one-stage floor in session | overhead / in session | py4j round trips |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for wname in args.workloads:
+        one = 1000 * statistics.median(f[2] for f in floors[wname])
+        clean_one = 1000 * clean_floors[wname][2]
+        for runner in args.runners:
+            rs = [r for r in results.get((wname, runner), []) if r.split]
+            if not rs:
+                continue
+            overhead = 1000 * statistics.median(r.split["overhead_s"] for r in rs)
+            calls = statistics.median(r.split["py4j_calls"] for r in rs)
+            print(f"| {wname} | {runner} | {overhead:.1f} | {clean_one:.1f} | "
+                  f"{overhead / clean_one:.2f} | {one:.1f} | {overhead / one:.2f} | {calls:.0f} |")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from ..errors import InvalidArgumentError
 from ..transport.allreduce import (AllReduceResult, make_allreduce,
                                   with_resources)
 from ..transport.flat_layout import ParamLayout
+from ..transport.python_jobs import PythonJobs
 from ..transport.weight_refresh import RefreshPublisher, StateVersion
 
 __all__ = ["SparkRddRunner"]
@@ -132,7 +133,7 @@ class SparkRddRunner:
         self._allreduce = make_allreduce(layout, options.allreduce, train.num_partitions,
                                          options.num_blocks, options.compression)
         self._publisher = RefreshPublisher(
-            self.spark_context.broadcast, layout.fingerprint,
+            PythonJobs.of(self.spark_context).broadcast, layout.fingerprint,
             deltas=self._flag("spark.sparkdl.rowDeltas", True),
             verify=self._flag("spark.sparkdl.verifyReplicas", False))
         return (f"{type(self._allreduce).__name__} all-reduce of {layout.size} values"

@@ -30,8 +30,8 @@ from pyspark import RDD
 from .codecs import ExactCodec, make_codec
 from .flat_layout import ParamLayout
 from .table_rows import Rows, join_rows, split_rows, sum_rows
-from .frames import (collect_messages, keyed_frame, message_frames, raw_output, read_messages,
-                     shuffle_frames)
+from .frames import collect_messages, keyed_frame, message_frames, read_messages, shuffle_frames
+from .python_jobs import IterationJobs, JobRdd
 
 __all__ = ["AllReduceResult", "ShuffleAllReduce", "DriverAllReduce", "block_bounds",
            "choose_allreduce", "make_allreduce", "sum_in_order", "with_resources",
@@ -166,28 +166,18 @@ class ShuffleAllReduce:
         # each table's id range cut into the same number of blocks as the vector
         self.row_bounds = {k: (np.arange(self.num_blocks + 1, dtype=np.int64) * n)
                            // self.num_blocks for k, n in (table_rows or {}).items()}
-        self._shuffled: RDD | None = None      # the last run's shuffle, for complete()
+        self._shuffled: JobRdd | None = None     # the last run's shuffle, for complete()
+        self._jobs = IterationJobs("sparkdl iteration (shuffle all-reduce)")
 
     def run(self, index_rdd: RDD, local_fn: LocalFn, resources: Any = None) -> AllReduceResult:
         """One job: ``local_fn`` on every partition of ``index_rdd`` (in a stage that asks for
         ``resources``, a ResourceProfile, when given; the reduce stage asks for none)."""
-        bounds, num_blocks, codec, row_bounds = (self.bounds, self.num_blocks, self.codec,
-                                                 self.row_bounds)
-
-        def map_side(partition: int, records: Iterator[Any]) -> Iterator[Any]:
-            summaries = list(records)
-            vector, report = local_fn(partition, summaries[0] if summaries else None)
-            report, rows = _rows_by_block(report, row_bounds, num_blocks)
-            for k in range(num_blocks):
-                block = (None if vector is None else
-                         codec.encode(vector[bounds[k]:bounds[k + 1]], int(bounds[k])))
-                for frame in message_frames((partition, report if k == 0 else None, rows[k]),
-                                            block):
-                    yield from keyed_frame(k, frame)
-
         submitted_at = time.time()
-        mapped = raw_output(index_rdd.mapPartitionsWithIndex(map_side))   # before its _jrdd
-        self._shuffled = shuffle_frames(with_resources(mapped, resources), num_blocks)
+        index = self._jobs.index(index_rdd)
+        mapped = index.jobs.map_partitions(
+            index, ShuffleMapSide(local_fn, self.bounds, self.num_blocks, self.codec,
+                                  self.row_bounds), resources)
+        self._shuffled = shuffle_frames(mapped, self.num_blocks)
         return self._reduce(None, submitted_at)
 
     def complete(self, result: AllReduceResult, filled: dict[int, tuple[Any, Any]]
@@ -199,7 +189,7 @@ class ShuffleAllReduce:
         summing its block of every partition, filled ones included, in partition order:
         bitwise the sum an undisturbed job gives."""
         assert self._shuffled is not None, "complete() follows run()"
-        sc = self._shuffled.ctx
+        sc = self._shuffled.jobs.sc
         filled_bc = sc.broadcast(dict(filled))
         try:
             return self._reduce(filled_bc, result.submitted_at)
@@ -209,37 +199,14 @@ class ShuffleAllReduce:
     def _reduce(self, filled_bc: Any, submitted_at: float) -> AllReduceResult:
         """The reduce stage over the last run's shuffle (the filled partitions' vectors from
         ``filled_bc`` in place of what their map tasks sent), collected."""
-        bounds, codec, row_bounds, num_blocks, dtype = (self.bounds, self.codec, self.row_bounds,
-                                                        self.num_blocks, self.dtype)
-
-        def reduce_side(k: int, frames: Iterator[bytes]) -> Iterator[Any]:
-            started_at, t0 = time.time(), time.perf_counter()
-            filled = filled_bc.value if filled_bc is not None else {}
-            lo, hi = int(bounds[k]), int(bounds[k + 1])
-            parts, reports, row_parts = [], [], []
-            for (partition, report, rows), payload in read_messages(frames):
-                if partition in filled:
-                    continue
-                parts.append((partition, payload))
-                row_parts.append((partition, rows))
-                if report is not None:
-                    reports.append(report)
-            for partition, (vector, report) in filled.items():
-                parts.append((partition, None if vector is None else
-                              codec.encode(vector[lo:hi], lo)))
-                report, rows = _rows_by_block(report, row_bounds, num_blocks)
-                row_parts.append((partition, rows[k]))
-                if k == 0:
-                    reports.append(report)
-            total = sum_in_order(parts, codec, lo, hi - lo)
-            row_sums = _sum_row_parts(row_parts, row_bounds, dtype)
-            yield from message_frames(
-                (k, reports, time.perf_counter() - t0, started_at, time.time(), row_sums), total)
-
+        assert self._shuffled is not None
+        reduce_side = ShuffleReduceSide(filled_bc, self.bounds, self.codec, self.row_bounds,
+                                        self.num_blocks, self.dtype)
+        bounds = self.bounds
         vector = np.empty(self.size, dtype=self.dtype)
         messages = collect_messages(      # each block's sum read straight into its place
-            raw_output(self._shuffled.mapPartitionsWithIndex(reduce_side)),
-            lambda head: vector[bounds[head[0]]:bounds[head[0] + 1]])
+            self._shuffled.jobs.map_partitions(self._shuffled, reduce_side),
+            lambda head: vector[bounds[head[0]]:bounds[head[0] + 1]], self._jobs.call_site)
         result = AllReduceResult(vector, submitted_at=submitted_at, returned_at=time.time())
         block_rows: dict[int, dict[int, Rows]] = {}
         for (k, block_reports, seconds, started, finished, row_sums), payload in messages:
@@ -256,6 +223,84 @@ class ShuffleAllReduce:
                            for p in self.row_bounds
                            if any(p in block_rows[k] for k in block_rows)}
         return result
+
+
+@dataclass
+class ShuffleMapSide:
+    """The shuffle's map task (executor side): ``local_fn``'s vector cut into blocks, block
+    ``k`` (with that block's table rows, and the report with block 0) sent to reducer ``k``.
+    An instance of an importable class, so each iteration's job pickles it by reference."""
+
+    local_fn: Any
+    bounds: np.ndarray
+    num_blocks: int
+    codec: Any
+    row_bounds: dict[int, np.ndarray]
+
+    def __call__(self, partition: int, records: Iterator[Any]) -> Iterator[Any]:
+        summaries = list(records)
+        vector, report = self.local_fn(partition, summaries[0] if summaries else None)
+        report, rows = _rows_by_block(report, self.row_bounds, self.num_blocks)
+        bounds = self.bounds
+        for k in range(self.num_blocks):
+            block = (None if vector is None else
+                     self.codec.encode(vector[bounds[k]:bounds[k + 1]], int(bounds[k])))
+            for frame in message_frames((partition, report if k == 0 else None, rows[k]),
+                                        block):
+                yield from keyed_frame(k, frame)
+
+
+@dataclass
+class ShuffleReduceSide:
+    """The shuffle's reduce task (executor side): block ``k`` of every partition summed in
+    partition order (``filled``: a broadcast of the vectors and reports of partitions computed
+    by a fill job, which replace what their map tasks sent)."""
+
+    filled: Any
+    bounds: np.ndarray
+    codec: Any
+    row_bounds: dict[int, np.ndarray]
+    num_blocks: int
+    dtype: np.dtype
+
+    def __call__(self, k: int, frames: Iterator[bytes]) -> Iterator[Any]:
+        started_at, t0 = time.time(), time.perf_counter()
+        filled = self.filled.value if self.filled is not None else {}
+        codec, row_bounds = self.codec, self.row_bounds
+        lo, hi = int(self.bounds[k]), int(self.bounds[k + 1])
+        parts, reports, row_parts = [], [], []
+        for (partition, report, rows), payload in read_messages(frames):
+            if partition in filled:
+                continue
+            parts.append((partition, payload))
+            row_parts.append((partition, rows))
+            if report is not None:
+                reports.append(report)
+        for partition, (vector, report) in filled.items():
+            parts.append((partition, None if vector is None else
+                          codec.encode(vector[lo:hi], lo)))
+            report, rows = _rows_by_block(report, row_bounds, self.num_blocks)
+            row_parts.append((partition, rows[k]))
+            if k == 0:
+                reports.append(report)
+        total = sum_in_order(parts, codec, lo, hi - lo)
+        row_sums = _sum_row_parts(row_parts, row_bounds, self.dtype)
+        yield from message_frames(
+            (k, reports, time.perf_counter() - t0, started_at, time.time(), row_sums), total)
+
+
+@dataclass
+class DriverMapSide:
+    """The driver path's task (executor side): ``local_fn``'s whole vector and report."""
+
+    local_fn: Any
+    codec: Any
+
+    def __call__(self, partition: int, records: Iterator[Any]) -> Iterator[Any]:
+        summaries = list(records)
+        vector, report = self.local_fn(partition, summaries[0] if summaries else None)
+        yield from message_frames(report, None if vector is None else
+                                  self.codec.encode(vector, 0))
 
 
 def _rows_by_block(report: Any, row_bounds: dict[int, np.ndarray], num_blocks: int
@@ -285,23 +330,17 @@ class DriverAllReduce:
         self.size = int(size)
         self.dtype = np.dtype(dtype)
         self.codec = codec if codec is not None else ExactCodec(self.dtype)
+        self._jobs = IterationJobs("sparkdl iteration (driver all-reduce)")
 
     def run(self, index_rdd: RDD, local_fn: LocalFn, resources: Any = None) -> AllReduceResult:
         """One job, one stage (asking for ``resources`` when given)."""
-        codec = self.codec
-
-        def map_side(partition: int, records: Iterator[Any]) -> Iterator[Any]:
-            summaries = list(records)
-            vector, report = local_fn(partition, summaries[0] if summaries else None)
-            yield from message_frames(report, None if vector is None else codec.encode(vector, 0))
-
         submitted_at = time.time()
-        mapped = raw_output(index_rdd.mapPartitionsWithIndex(map_side))   # before its _jrdd
-        frames = with_resources(mapped, resources).collect()
+        index = self._jobs.index(index_rdd)
+        mapped = index.jobs.map_partitions(index, DriverMapSide(local_fn, self.codec), resources)
+        messages = collect_messages(mapped, lambda head: None, self._jobs.call_site)
         returned_at, t0 = time.time(), time.perf_counter()
-        messages = list(read_messages(frames))
         parts = [(r.partition, b) for r, b in messages]
-        vector = sum_in_order(parts, codec, 0, self.size)
+        vector = sum_in_order(parts, self.codec, 0, self.size)
         reports = sorted((r for r, _ in messages), key=lambda r: r.partition)
         missing = any(getattr(r, "missing_shard", False) for r in reports)
         return AllReduceResult(vector, reduce_s=time.perf_counter() - t0, reports=reports,

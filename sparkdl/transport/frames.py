@@ -54,10 +54,16 @@ def keyed_frame(key: int, frame: Any) -> Iterator[Any]:
     yield frame
 
 
-def shuffle_frames(keyed: RDD, num_partitions: int) -> RDD:
+def shuffle_frames(keyed: Any, num_partitions: int) -> Any:
     """Shuffle the frames that ``keyed`` yields through :func:`keyed_frame`: frame of key ``k``
     ends in partition ``k``, in the order each map task yielded them (a reducer reads one map
-    task's frames after another, never interleaved). The result's functions receive ``bytes``."""
+    task's frames after another, never interleaved). The result's functions receive ``bytes``.
+    ``keyed``: a pyspark ``RDD`` (gives an ``RDD``) or a
+    :class:`sparkdl.transport.python_jobs.JobRdd` (gives a ``JobRdd``)."""
+    from .python_jobs import JobRdd
+
+    if isinstance(keyed, JobRdd):
+        return keyed.jobs.partition_frames(keyed, num_partitions, _PARTITIONER_ID)
     raw_output(keyed)
     sc = keyed.ctx
     jvm = sc._jvm
@@ -124,8 +130,10 @@ def _read_exactly(stream: Any, target: memoryview) -> None:
         done += n
 
 
-def collect_messages(rdd: RDD, destination: Callable[[Any], Any]) -> list[tuple[Any, Any]]:
-    """Collect the messages a :func:`raw_output` RDD yields (:func:`message_frames`) to the
+def collect_messages(rdd: Any, destination: Callable[[Any], Any],
+                     call_site: str | None = None) -> list[tuple[Any, Any]]:
+    """Collect the messages a :func:`raw_output` RDD (or a
+    :class:`sparkdl.transport.python_jobs.JobRdd`, whose job is named ``call_site``) yields (:func:`message_frames`) to the
     driver, reading each payload straight from the JVM's result socket into the writable buffer
     ``destination(head)`` returns for it (one copy fewer than ``collect()``, which makes a
     ``bytes`` object of every frame), or into a new ``bytes`` object where it returns None.
@@ -137,8 +145,13 @@ def collect_messages(rdd: RDD, destination: Callable[[Any], Any]) -> list[tuple[
     from pyspark.traceback_utils import SCCallSiteSync
     from pyspark.util import local_connect_and_auth
 
-    with SCCallSiteSync(rdd.ctx):     # the job named by the user's call site, as collect()
-        sock_info = rdd.ctx._jvm.PythonRDD.collectAndServe(rdd._jrdd.rdd())
+    from .python_jobs import JobRdd
+
+    if isinstance(rdd, JobRdd):
+        sock_info = rdd.jobs.serve(rdd, call_site or "sparkdl job")
+    else:
+        with SCCallSiteSync(rdd.ctx):     # the job named by the user's call site, as collect()
+            sock_info = rdd.ctx._jvm.PythonRDD.collectAndServe(rdd._jrdd.rdd())
     stream, sock = local_connect_and_auth(sock_info[0], sock_info[1])
     sock.settimeout(None)       # as collect(): the results may take any time to come
     messages: list[tuple[Any, Any]] = []
