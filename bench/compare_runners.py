@@ -345,23 +345,26 @@ def run_naive(w: Workload, x: np.ndarray, y: np.ndarray, sc: Any = None, **_: An
 
 
 # ------------------------------------------------------------------------------------- floor
-def _consume(records: Any) -> Any:
-    """A one-stage floor task: reads its input to the end (a PySpark worker that stops
-    reading early is not reused, and the next task pays a fresh worker), yields one record."""
-    for _ in records:
-        pass
-    yield 1
-
-
-def spark_floor(sc: Any, nbytes: int, repeats: int = 15) -> tuple[float, float, float]:
+def spark_floor(sc: Any, nbytes: int, repeats: int = 15) -> tuple[float, float, float, float]:
     """Median seconds of an empty two-stage PySpark job (map, reduceByKey, collect), of
-    broadcasting ``nbytes``, and of an empty one-stage PySpark job (mapPartitions, collect)
-    over a cached RDD of ``PARTITIONS`` partitions."""
+    broadcasting ``nbytes``, of an empty one-stage PySpark job (mapPartitions, collect) and of
+    an empty JVM-only job (count; no Python worker), over cached RDDs of ``PARTITIONS``
+    partitions."""
     from operator import add
+
+    def _consume(records: Any) -> Any:
+        # reads its input to the end (a PySpark worker that stops reading early is not
+        # reused, and the next task pays a fresh worker), yields one record
+        for _ in records:
+            pass
+        yield 1
 
     rdd = sc.parallelize(range(PARTITIONS), PARTITIONS).cache()
     rdd.count()
-    jobs, casts, ones = [], [], []
+    jvm_rdd = sc._jsc.parallelize(list(range(PARTITIONS)), PARTITIONS).cache()
+    jvm_count = jvm_rdd.count
+    jvm_count()
+    jobs, casts, ones, jvms = [], [], [], []
     payload = np.zeros(nbytes // 4, dtype=np.float32)
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -374,8 +377,13 @@ def spark_floor(sc: Any, nbytes: int, repeats: int = 15) -> tuple[float, float, 
         t0 = time.perf_counter()
         rdd.mapPartitions(_consume).collect()
         ones.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        jvm_count()
+        jvms.append(time.perf_counter() - t0)
     rdd.unpersist()
-    return statistics.median(jobs), statistics.median(casts), statistics.median(ones)
+    jvm_rdd.unpersist()
+    return (statistics.median(jobs), statistics.median(casts), statistics.median(ones),
+            statistics.median(jvms))
 
 
 RUNNERS = {
@@ -437,7 +445,7 @@ def main() -> None:
         print(f"{args.warm_iterations} warm-up iterations of W1 in "
               f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     results: dict[tuple[str, str], list[Result]] = {}
-    floors: dict[str, list[tuple[float, float, float]]] = {}
+    floors: dict[str, list[tuple[float, float, float, float]]] = {}
     for r in range(args.rounds):
         for wname in args.workloads:
             w = WORKLOADS[wname]
@@ -468,8 +476,8 @@ def main() -> None:
 
 
 def report(args: Any, results: dict[tuple[str, str], list[Result]],
-           floors: dict[str, list[tuple[float, float, float]]],
-           clean_floors: dict[str, tuple[float, float, float]]) -> None:
+           floors: dict[str, list[tuple[float, float, float, float]]],
+           clean_floors: dict[str, tuple[float, float, float, float]]) -> None:
     print(f"\n{args.rounds} round(s), medians; {args.master}; data {SAMPLES} samples in "
           f"{PARTITIONS} partitions; "
           + ("cold (no warm-up)" if args.cold else
@@ -523,10 +531,12 @@ def report(args: Any, results: dict[tuple[str, str], list[Result]],
           "floor (an empty mapPartitions + collect over a cached RDD of the same partitions), on "
           "clean workers and in the session, and its py4j round trips per iteration:\n")
     print("| workload | runner | overhead | one-stage floor, clean workers | overhead / clean | "
-          "one-stage floor in session | overhead / in session | py4j round trips |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+          "one-stage floor in session | overhead / in session | JVM-only job in session | "
+          "py4j round trips |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for wname in args.workloads:
         one = 1000 * statistics.median(f[2] for f in floors[wname])
+        jvm = 1000 * statistics.median(f[3] for f in floors[wname])
         clean_one = 1000 * clean_floors[wname][2]
         for runner in args.runners:
             rs = [r for r in results.get((wname, runner), []) if r.split]
@@ -535,7 +545,8 @@ def report(args: Any, results: dict[tuple[str, str], list[Result]],
             overhead = 1000 * statistics.median(r.split["overhead_s"] for r in rs)
             calls = statistics.median(r.split["py4j_calls"] for r in rs)
             print(f"| {wname} | {runner} | {overhead:.1f} | {clean_one:.1f} | "
-                  f"{overhead / clean_one:.2f} | {one:.1f} | {overhead / one:.2f} | {calls:.0f} |")
+                  f"{overhead / clean_one:.2f} | {one:.1f} | {overhead / one:.2f} | {jvm:.1f} | "
+                  f"{calls:.0f} |")
 
 
 if __name__ == "__main__":

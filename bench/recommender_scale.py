@@ -37,7 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from compare_runners import TD_TIMEOUT_S, _kill_torchrun_after  # noqa: E402
+from compare_runners import TD_TIMEOUT_S, _kill_torchrun_after, spark_floor  # noqa: E402
 from sparkdl.data.batch_plan import BatchPlan  # noqa: E402
 
 USERS, DIM, BATCH, SAMPLES, PARTITIONS, SEED, LR = 100_000, 32, 2048, 65_536, 2, 0, 1e-3
@@ -217,6 +217,15 @@ def main() -> None:
                   f"{res['first']:.4f} -> {res['final']:.4f}  ({time.perf_counter() - t0:.0f} s)",
                   file=sys.stderr, flush=True)
     report(args, results)
+    two, _, one, jvm = spark_floor(sc, 4, repeats=30)
+    td = [r["samples_per_s"] for (_, name), r in results.items() if name == "torchdistributor"]
+    print(f"\nSpark's job floors in this session (empty jobs over {PARTITIONS} cached partitions, "
+          f"medians of 30): JVM-only (count, no Python) {1000 * jvm:.1f} ms, one-stage PySpark "
+          f"(mapPartitions, collect) {1000 * one:.1f} ms, two-stage PySpark (map, reduceByKey, "
+          f"collect) {1000 * two:.1f} ms"
+          + (f"; TorchDistributor's iteration {1000 * BATCH / statistics.median(td):.1f} ms, "
+             f"so W4 >= 0.5x it allows {2000 * BATCH / statistics.median(td):.1f} ms an "
+             "iteration" if td else ""))
     spark.stop()
 
 

@@ -7,7 +7,7 @@ and then the member up by reflection, Python lists and dicts are converted to Ja
 element, the call site is set and cleared, and ``f``, a closure, is cloudpickled by value.
 :class:`PythonJobs` builds the same JVM objects (a ``SimplePythonFunction`` and a ``PythonRDD``
 over the parent's JVM RDD) with class and member handles looked up once per SparkContext and the
-environment and includes converted once, from functions that are instances of importable classes
+environment and includes converted again only when they change, from functions that are instances of importable classes
 (pickled by reference to their class, plus their small fields).
 
 What a Python worker receives is what ``PipelinedRDD`` sends for the same function: the command
@@ -73,9 +73,10 @@ class PythonJobs:
         self._value_of_pair = python_rdd.valueOfPair
         self._threshold = int(getattr(jvm, _PYTHON + "PythonUtils")
                               .getBroadcastThreshold(sc._jsc))
-        self._env = MapConverter().convert(dict(sc.environment), client)
-        self._includes = ListConverter().convert(list(sc._python_includes), client)
+        self._to_map = lambda items: MapConverter().convert(items, client)
         self._to_list = lambda items: ListConverter().convert(items, client)
+        self._env_key: Any = None
+        self._includes_key: Any = None
         self._serializer = CloudPickleSerializer()
 
     @classmethod
@@ -104,6 +105,11 @@ class PythonJobs:
             command = self._serializer.dumps(sc.broadcast(command))
         broadcasts = [b._jbroadcast for b in sc._pickled_broadcast_vars]
         sc._pickled_broadcast_vars.clear()
+        env, includes = dict(sc.environment), list(sc._python_includes)
+        if env != self._env_key:              # converted again only when they change
+            self._env, self._env_key = self._to_map(env), env    # (sc.addPyFile adds includes)
+        if includes != self._includes_key:
+            self._includes, self._includes_key = self._to_list(includes), includes
         function = self._function(bytearray(command), self._env, self._includes, sc.pythonExec,
                                   sc.pythonVer, self._to_list(broadcasts), sc._javaAccumulator)
         jrdd = self._python_rdd(parent.jrdd, function, False, False)
