@@ -30,6 +30,8 @@ from typing import Any, Callable, Iterable, Iterator
 from pyspark import RDD
 from pyspark.serializers import NoOpSerializer, SpecialLengths, pack_long, read_int
 
+from .python_jobs import JobRdd
+
 __all__ = ["MAX_FRAME_BYTES", "raw_output", "shuffle_frames", "keyed_frame", "buffer_frames",
            "header", "read_header", "join_frames", "message_frames", "read_messages",
            "collect_messages"]
@@ -60,8 +62,6 @@ def shuffle_frames(keyed: Any, num_partitions: int) -> Any:
     task's frames after another, never interleaved). The result's functions receive ``bytes``.
     ``keyed``: a pyspark ``RDD`` (gives an ``RDD``) or a
     :class:`sparkdl.transport.python_jobs.JobRdd` (gives a ``JobRdd``)."""
-    from .python_jobs import JobRdd
-
     if isinstance(keyed, JobRdd):
         return keyed.jobs.partition_frames(keyed, num_partitions, _PARTITIONER_ID)
     raw_output(keyed)
@@ -132,8 +132,8 @@ def _read_exactly(stream: Any, target: memoryview) -> None:
 
 def collect_messages(rdd: Any, destination: Callable[[Any], Any],
                      call_site: str | None = None) -> list[tuple[Any, Any]]:
-    """Collect the messages a :func:`raw_output` RDD (or a
-    :class:`sparkdl.transport.python_jobs.JobRdd`, whose job is named ``call_site``) yields (:func:`message_frames`) to the
+    """Collect the messages (:func:`message_frames`) that a :func:`raw_output` RDD, or a
+    :class:`sparkdl.transport.python_jobs.JobRdd` (its job named ``call_site``), yields to the
     driver, reading each payload straight from the JVM's result socket into the writable buffer
     ``destination(head)`` returns for it (one copy fewer than ``collect()``, which makes a
     ``bytes`` object of every frame), or into a new ``bytes`` object where it returns None.
@@ -144,8 +144,6 @@ def collect_messages(rdd: Any, destination: Callable[[Any], Any],
     ``pyspark.util.local_connect_and_auth``, alike from pyspark 4.1 to 4.3)."""
     from pyspark.traceback_utils import SCCallSiteSync
     from pyspark.util import local_connect_and_auth
-
-    from .python_jobs import JobRdd
 
     if isinstance(rdd, JobRdd):
         sock_info = rdd.jobs.serve(rdd, call_site or "sparkdl job")

@@ -1,14 +1,15 @@
 """The engine's per-iteration Python jobs, built on Spark's JVM classes at a few py4j calls each.
 
 Every training iteration is one Spark job over the same tiny index RDD. Built the usual way,
-``rdd.mapPartitionsWithIndex(f).collect()``, such a job costs the driver about 57 py4j round
-trips (bench/compare_runners.py counts them): every ``sc._jvm.PythonRDD.x`` access looks the class
-and then the member up by reflection, Python lists and dicts are converted to Java element by
-element, the call site is set and cleared, and ``f``, a closure, is cloudpickled by value.
-:class:`PythonJobs` builds the same JVM objects (a ``SimplePythonFunction`` and a ``PythonRDD``
-over the parent's JVM RDD) with class and member handles looked up once per SparkContext and the
-environment and includes converted again only when they change, from functions that are instances of importable classes
-(pickled by reference to their class, plus their small fields).
+``rdd.mapPartitionsWithIndex(f).collect()``, an iteration cost the driver 34 py4j round trips
+(W1 on the driver path; bench/compare_runners.py counts them): every ``sc._jvm.PythonRDD.x``
+access looks the class and then the member up by reflection, Python lists and dicts are
+converted to Java element by element, the call site is found from the stack and set and cleared,
+and ``f``, a closure, is cloudpickled by value. :class:`PythonJobs` builds the same JVM objects
+(a ``SimplePythonFunction`` and a ``PythonRDD`` over the parent's JVM RDD) with class and member
+handles looked up once per SparkContext and the environment and includes converted again only
+when they change, from functions that are instances of importable classes (pickled by reference
+to their class, plus their small fields): 19 round trips an iteration, the broadcast included.
 
 What a Python worker receives is what ``PipelinedRDD`` sends for the same function: the command
 ``(func, None, deserializer, serializer)``, its broadcasts, the same environment, includes and
