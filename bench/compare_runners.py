@@ -35,6 +35,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -205,8 +206,6 @@ def _kill_torchrun_after(seconds: float, done: Any) -> None:
 
 
 def run_torch_distributor(w: Workload, x: np.ndarray, y: np.ndarray, **_: Any) -> Result:
-    import threading
-
     from pyspark.ml.torch.distributor import TorchDistributor
 
     done = threading.Event()
@@ -240,9 +239,10 @@ def train_sparkdl(w: Workload, x: np.ndarray, y: np.ndarray, sc: Any, iterations
 
 
 class Py4jCounter:
-    """Counts the driver's py4j round trips (every command sent to the JVM) and notes the
-    count each time the runner starts an iteration's jobs: the differences are the round
-    trips of one iteration (its jobs, the update, the weights' broadcast)."""
+    """Counts the driver's py4j round trips (every command the thread that enters it sends to
+    the JVM; not the deletes py4j's finalizer thread sends in bursts about once a second) and
+    notes the count each time the runner starts an iteration's jobs: the differences are the
+    round trips of one iteration (its jobs, the update, the weights' broadcast)."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -257,9 +257,11 @@ class Py4jCounter:
                          (SparkRddRunner, "gradients")]
         self._saved = [getattr(c, n) for c, n in self._patched]
         send, gradients, counter = self._saved[0], self._saved[1], self
+        thread = threading.get_ident()
 
         def counted_send(conn: Any, command: str, *a: Any, **k: Any) -> Any:
-            counter.calls += 1
+            if threading.get_ident() == thread:
+                counter.calls += 1
             return send(conn, command, *a, **k)
 
         def marked_gradients(runner: Any, *a: Any, **k: Any) -> Any:

@@ -15,7 +15,8 @@ What a Python worker receives is what ``PipelinedRDD`` sends for the same functi
 ``(func, None, deserializer, serializer)``, its broadcasts, the same environment, includes and
 Python executable; a command over Spark's broadcast threshold travels as a broadcast, as there.
 Only the driver's way of building the job changes, so tasks, retries, speculation and resource
-profiles behave as before.
+profiles behave as before. One difference: with ``spark.python.profile=true`` pyspark profiles
+the Python side of the jobs its RDD API builds; these jobs are not profiled.
 
 Example::
 
@@ -43,7 +44,7 @@ __all__ = ["IterationJobs", "JobRdd", "PythonJobs", "user_call_site"]
 _PYTHON = "org.apache.spark.api.python."
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)       # compared by identity: no JVM calls to compare
 class JobRdd:
     """A JVM RDD (``org.apache.spark.rdd.RDD``) of Python data, with the serializer its Python
     side reads it with (:class:`pyspark.serializers.NoOpSerializer`: frames as ``bytes``)."""
@@ -76,8 +77,8 @@ class PythonJobs:
                               .getBroadcastThreshold(sc._jsc))
         self._to_map = lambda items: MapConverter().convert(items, client)
         self._to_list = lambda items: ListConverter().convert(items, client)
-        self._env_key: Any = None
-        self._includes_key: Any = None
+        self._env: tuple[Any, Any] = (None, None)          # (Python value, its Java copy)
+        self._includes: tuple[Any, Any] = (None, None)
         self._serializer = CloudPickleSerializer()
 
     @classmethod
@@ -106,12 +107,13 @@ class PythonJobs:
             command = self._serializer.dumps(sc.broadcast(command))
         broadcasts = [b._jbroadcast for b in sc._pickled_broadcast_vars]
         sc._pickled_broadcast_vars.clear()
-        env, includes = dict(sc.environment), list(sc._python_includes)
-        if env != self._env_key:              # converted again only when they change
-            self._env, self._env_key = self._to_map(env), env    # (sc.addPyFile adds includes)
-        if includes != self._includes_key:
-            self._includes, self._includes_key = self._to_list(includes), includes
-        function = self._function(bytearray(command), self._env, self._includes, sc.pythonExec,
+        env, includes = self._env, self._includes     # each pair replaced whole (threads)
+        if env[0] != sc.environment:          # converted again only when they change
+            env = self._env = (dict(sc.environment), self._to_map(dict(sc.environment)))
+        if includes[0] != sc._python_includes:             # sc.addPyFile adds includes
+            includes = self._includes = (list(sc._python_includes),
+                                         self._to_list(list(sc._python_includes)))
+        function = self._function(bytearray(command), env[1], includes[1], sc.pythonExec,
                                   sc.pythonVer, self._to_list(broadcasts), sc._javaAccumulator)
         jrdd = self._python_rdd(parent.jrdd, function, False, False)
         if resources is not None:
