@@ -15,9 +15,9 @@ Example::
                               batch_size=256, end_trigger=MaxEpoch(5)).optimize()
 """
 
-from .errors import (CheckpointError, InvalidArgumentError, ModelCriterionMismatchError,
-                     NonFiniteError, ReplicaMismatchError, SparkdlError, TrainingDataError,
-                     TrainingStepError)
+from .errors import (CheckpointError, EmptyDataError, InvalidArgumentError,
+                     ModelCriterionMismatchError, NonFiniteError, ReplicaMismatchError,
+                     SparkdlError, TrainingDataError, TrainingStepError, UnidentifiableError)
 from .data.batch_plan import BatchPlan
 from .engine.distri_optimizer import DistriOptimizer
 from .engine.optimizer_sequence import OptimizerSequence, SchedulerSequence
@@ -44,6 +44,8 @@ __all__ = [
     "SparkdlError",
     "InvalidArgumentError",
     "TrainingDataError",
+    "EmptyDataError",
+    "UnidentifiableError",
     "ModelCriterionMismatchError",
     "TrainingStepError",
     "CheckpointError",

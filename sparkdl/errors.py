@@ -6,13 +6,20 @@ library's errors apart from Spark's or torch's own.
 
 from __future__ import annotations
 
+import logging
+from typing import Any, Sequence
+
+log = logging.getLogger("sparkdl")
+
 
 class SparkdlError(Exception):
     """Base class of the errors sparkdl raises on purpose.
 
     ``permanent``: raised in a task, a retry cannot fix it (the same input gives the same error),
-    so the task reports it instead of failing, Spark does not retry it, and the driver raises the
-    same class with the same message (:func:`permanent_error`)."""
+    so the task reports it instead of failing (:func:`permanent_report`), Spark does not retry
+    it, and the driver raises the same class with the same message (:func:`permanent_error`).
+    A subclass of your own with ``permanent = True``, raised in your code that a task runs (an
+    RDD's map function, a training step, a metric), travels the same way."""
 
     permanent = False
 
@@ -33,6 +40,24 @@ class TrainingDataError(SparkdlError, ValueError):
     """The training or validation data cannot be used: bad shapes, types, labels or sizes."""
 
     permanent = True
+
+
+class EmptyDataError(TrainingDataError):
+    """The training or validation data has no record (``what``: which of the two); the
+    estimators say which DataFrame rows it lacks (e.g. a ``validationIndicatorCol`` true for
+    every row)."""
+
+    permanent = True
+
+    def __init__(self, message: str, what: str = "training") -> None:
+        super().__init__(message)
+        self.what = what
+
+
+class UnidentifiableError(InvalidArgumentError):
+    """An object that decides a checkpointed fit's result has no content sparkdl can hash
+    deterministically (:mod:`sparkdl.engine.content_digest`): name the fit with
+    ``set_fit_identity`` (estimators: ``fitIdentity``)."""
 
 
 class ModelCriterionMismatchError(SparkdlError, ValueError):
@@ -80,6 +105,16 @@ def _subclasses(cls: type) -> list[type]:
     return [cls] + [c for sub in cls.__subclasses__() for c in _subclasses(sub)]
 
 
+def permanent_report(exc: BaseException) -> tuple[str, str] | None:
+    """What a task reports in place of raising ``exc``: ``(class name, message)`` of a
+    permanent sparkdl error (:attr:`SparkdlError.permanent`), which the driver raises again with
+    :func:`permanent_error`; None for any other error, which the task raises (Spark retries
+    it). Every task kind reports this way: gradient, validation, shard build and fill tasks."""
+    if isinstance(exc, SparkdlError) and exc.permanent:
+        return type(exc).__name__, str(exc)
+    return None
+
+
 def permanent_error(name: str, message: str) -> SparkdlError:
     """The driver's copy of a permanent error a task reported by class name: the same sparkdl
     class (never an arbitrary one: only subclasses of :class:`SparkdlError` are looked up), with
@@ -91,3 +126,17 @@ def permanent_error(name: str, message: str) -> SparkdlError:
             except TypeError:
                 break
     return SparkdlError(f"{name}: {message}")
+
+
+def raise_reported(results: Sequence[Any], what: str) -> None:
+    """Raise the permanent error that the first of ``results`` carries in its ``fatal``
+    (``(class name, message)``; the results of tasks: task reports, partition metrics, shard
+    summaries, each with its ``partition``) as :func:`permanent_error` makes it; nothing when
+    none carries one. ``what`` names the job in the log line."""
+    first = next((r for r in results if r.fatal is not None), None)
+    if first is None:
+        return
+    name, message = first.fatal
+    log.error("%s: the task of partition %d raised %s: %s", what, first.partition, name,
+              message)
+    raise permanent_error(name, message)

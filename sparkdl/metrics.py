@@ -19,7 +19,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ from .argument_checks import argument_error
 from .losses import has_normaliser, loss_terms
 
 __all__ = ["ValidationMetric", "Top1Accuracy", "Loss", "MAE", "one_output_threshold",
-           "uses_step_loss", "prediction_tensor"]
+           "threshold_warning", "uses_step_loss", "prediction_tensor"]
 
 
 Select = Callable[[Any], torch.Tensor]
@@ -87,7 +87,8 @@ class Top1Accuracy(ValidationMetric):
     With one output column, the prediction is ``output > threshold``. One rule everywhere (the
     engine, the estimators' ``"accuracy"``, ``transform``'s prediction): by default the output is
     a logit (threshold 0.0), except under ``torch.nn.BCELoss``, which takes probabilities
-    (threshold 0.5); pass ``threshold`` to choose. ``select`` picks the scores from a model
+    (threshold 0.5); pass ``threshold`` to choose. A model ending in ``Sigmoid`` trained with
+    another loss gets a warning (:func:`threshold_warning`). ``select`` picks the scores from a model
     output that is not a tensor.
     """
 
@@ -113,6 +114,39 @@ def one_output_threshold(criterion: Any) -> float:
     """Where a one-output classifier's output turns into class 1: 0.5 for ``BCELoss`` (its
     inputs are probabilities), else 0.0 (a logit)."""
     return 0.5 if isinstance(criterion, torch.nn.BCELoss) else 0.0
+
+
+def _last_layers(model: torch.nn.Module) -> tuple[torch.nn.Module | None, int | None]:
+    """The model's last layer (its last registered module without children) and the output
+    width of its last layer that has one (``out_features``), or None."""
+    leaves = [m for m in model.modules() if not any(True for _ in m.children())]
+    widths = [m.out_features for m in leaves if isinstance(getattr(m, "out_features", None), int)]
+    return (leaves[-1] if leaves else None), (widths[-1] if widths else None)
+
+
+def threshold_warning(metrics: Sequence[ValidationMetric], model: torch.nn.Module,
+                      criterion: Any) -> str | None:
+    """Why :class:`Top1Accuracy`'s default threshold is likely wrong for this run, or None.
+
+    The rule (:func:`one_output_threshold`) takes a one-output model's output as a logit
+    (threshold 0.0) unless the loss is ``BCELoss``. A model whose last layer is a ``Sigmoid``
+    outputs probabilities, all above 0.0, so under any other loss (``MSELoss``, a training
+    step) every sample would count as class 1. The rule is kept (the estimators' ``transform``
+    predicts by it too); the run is warned, naming the layer and the loss."""
+    if not any(isinstance(m, Top1Accuracy) and m.threshold is None for m in metrics):
+        return None
+    if isinstance(criterion, torch.nn.BCELoss):
+        return None
+    last, width = _last_layers(model)
+    if not isinstance(last, torch.nn.Sigmoid) or (width is not None and width != 1):
+        return None
+    loss = (type(criterion).__name__ if criterion is not None
+            else "no criterion (a training step)")
+    return (f"Top1Accuracy: the model's last layer is {type(last).__name__} (its one output is "
+            f"a probability) and it is trained with {loss}, so the class-1 threshold is "
+            f"{one_output_threshold(criterion)} (the output taken as a logit) and every sample "
+            "counts as class 1. Pass Top1Accuracy(threshold=0.5), or drop the final Sigmoid "
+            "and train with torch.nn.BCEWithLogitsLoss.")
 
 
 class Loss(ValidationMetric):

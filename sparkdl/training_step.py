@@ -28,8 +28,10 @@ model in eval mode, without grad).
 
 Example::
 
-    def step(model, inputs, target):                    # a Hugging Face model
-        return model(input_ids=inputs[0], labels=target).loss
+    def step(model, inputs, target):                    # a Hugging Face token classifier
+        loss = model(input_ids=inputs[0], labels=target).loss   # a mean over the counted
+        counted = (target != -100).sum()                        # labels, not over the rows
+        return loss * counted, counted
 
     def masked_step(model, inputs, target):             # padding concentrated anywhere
         scores = model(*inputs)
@@ -39,6 +41,12 @@ Example::
         return (per_token * mask).sum(), mask.sum()
 
     DistriOptimizer(model, rdd, optimizer=opt, batch_size=64, training_step=masked_step)
+
+A loss that is a mean over something other than the rows (tokens that are not padding, as a
+Hugging Face model's ``.loss``) must come back as ``(loss_sum, normaliser)``: returned as it is,
+it would count as a row mean, and a task whose rows hold more padding would weigh its tokens
+more. :func:`sparkdl.adapters.huggingface.huggingface_step` does this for Hugging Face models
+(causal language models shift their labels by one: their normaliser counts ``target[:, 1:]``).
 """
 
 from __future__ import annotations

@@ -39,3 +39,29 @@ def test_a_checkpoint_above_250_mb_is_written_and_resumed_bitwise(tmp_path):
     at_two = torch.nn.Linear(2400, 9000)        # the checkpoint's weights: iteration 3 trained
     at_two.load_state_dict(torch.load(ckpt / files[0], weights_only=False)["model_state"])
     assert not bitwise_equal(at_two, whole)
+
+
+def test_read_bytes_holds_the_file_once(sc, tmp_path, monkeypatch):
+    """A file read through the JVM lands in one buffer that becomes the returned bytes (issue
+    35): the driver's peak is the file plus the decoding of one py4j chunk, not the file twice
+    (a bytearray copied into bytes held 2 x 16 MiB)."""
+    import tracemalloc
+
+    from sparkdl.storage import hadoop_files
+
+    chunk = 64 << 10
+    monkeypatch.setattr(hadoop_files, "CHUNK_BYTES", chunk)
+    size = 16 << 20
+    data = os.urandom(size - 5)                      # not a multiple of the chunk
+    (tmp_path / "big.bin").write_bytes(data)
+    hadoop_files.read_bytes(sc, f"file://{tmp_path}", "big.bin")   # warm py4j's classes
+    tracemalloc.start()
+    try:
+        read = hadoop_files.read_bytes(sc, f"file://{tmp_path}", "big.bin")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert type(read) is bytes and read == data
+    # py4j decodes a chunk through a list of its byte values: about 10 x the chunk at once
+    assert peak < size + 16 * chunk, (peak - size) / chunk
+    assert hadoop_files.read_bytes(sc, f"file://{tmp_path}", "big.bin") == data

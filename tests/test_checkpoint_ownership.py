@@ -30,8 +30,8 @@ def engine(sc, epochs, data_seed=1, lr=0.02, init_seed=3, criterion=None):
 
 @pytest.mark.parametrize("change,what", [
     (dict(data_seed=9), "data="), (dict(lr=0.05), "optimizer="),
-    (dict(init_seed=4), "initial_weights="),
-    (dict(criterion=torch.nn.CrossEntropyLoss(label_smoothing=0.1)), "loss=")])
+    (dict(init_seed=4), "model="),
+    (dict(criterion=torch.nn.CrossEntropyLoss(label_smoothing=0.1)), "criterion=")])
 def test_another_fit_in_the_same_directory_is_refused_naming_what_differs(sc, tmp_path,
                                                                           change, what):
     engine(sc, 1).set_checkpoint(str(tmp_path), EveryEpoch()).optimize()

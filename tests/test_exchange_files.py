@@ -1,6 +1,6 @@
 """The exchange directory (Spark Connect's way to ship large weights; issue 22, acceptance 7):
 files are verified against the hash they were shipped under, never trusted because of their
-name, and private to the user on local paths."""
+name, and private to the user on local paths (in every spelling: issue 35, 5)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import pytest
 from sparkdl.errors import ExchangeError
 from sparkdl.executor import exchange
 from sparkdl.executor.exchange import Exchange
+from sparkdl.storage.arrow_files import resolve
+from sparkdl.storage.local_paths import local_path
 
 
 def test_a_planted_file_is_refused_and_a_reused_name_is_verified(tmp_path):
@@ -35,8 +37,12 @@ def test_a_planted_file_is_refused_and_a_reused_name_is_verified(tmp_path):
     assert again.read() == b"model bytes"
 
 
-def test_exchange_files_are_private_on_local_paths(tmp_path):
-    ex = Exchange(str(tmp_path), "run-2", limit=4)
+@pytest.mark.parametrize("spelling", ["{}", "file:{}", "file://{}", "file://localhost{}"])
+def test_exchange_files_are_private_on_local_paths(tmp_path, spelling):
+    # every spelling of a local directory (issue 35, 5): plain, Hadoop's file:/, file:/// and
+    # file://localhost/ all give 0700/0600
+    ex = Exchange(spelling.format(tmp_path), "run-2", limit=4)
+    assert ex.local and ex.directory == f"{tmp_path}/run-2"
     payload = ex.ship(b"x" * 100, "weights")
     directory = tmp_path / "run-2"
     assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
@@ -45,3 +51,20 @@ def test_exchange_files_are_private_on_local_paths(tmp_path):
     assert payload.read() == b"x" * 100
     ex.close()
     assert not directory.exists()
+
+
+def test_one_function_decides_which_paths_are_local(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert local_path("/data/x") == "/data/x"
+    assert local_path("data/x") == f"{tmp_path}/data/x"
+    assert local_path("file:/data/x") == "/data/x"
+    assert local_path("file:///data/x") == "/data/x"
+    assert local_path("file://localhost/data/x") == "/data/x"
+    assert local_path("FILE:///data/a%20b") == "/data/a b"
+    assert local_path("file:data/x") == f"{tmp_path}/data/x"
+    for remote in ("s3://bucket/x", "hdfs:///x", "hdfs:/x", "gs://b/x", "file://otherhost/x"):
+        assert local_path(remote) is None, remote
+    assert not Exchange("s3://bucket/x", "run-3").local
+    # the executors' reader resolves every local spelling to the same file
+    fs, path = resolve("file://localhost/data/x")
+    assert type(fs).__name__ == "LocalFileSystem" and path == "/data/x"

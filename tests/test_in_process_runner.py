@@ -87,8 +87,8 @@ def test_bad_records_and_checkpoints_get_clear_errors(tmp_path):
                           torch.optim.SGD(net.parameters(), lr=0.1), batch_size=2)
     with pytest.raises(TrainingDataError, match=r"record 0 of partition 1"):
         opt.optimize()
-    with pytest.raises(InvalidArgumentError, match=r"LocalPartitions runs without Spark"):
-        opt.set_checkpoint(str(tmp_path), EveryEpoch())
+    with pytest.raises(InvalidArgumentError, match=r"must be a non-empty directory path"):
+        opt.set_checkpoint("", EveryEpoch())
     with pytest.raises(InvalidArgumentError, match=r"LocalPartitions"):
         DistriOptimizer(net, [[(np.ones(6), 0)]], torch.nn.CrossEntropyLoss(),
                         torch.optim.SGD(net.parameters(), lr=0.1), batch_size=2)

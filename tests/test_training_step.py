@@ -426,3 +426,47 @@ def test_estimator_refuses_a_model_transform_cannot_read_before_training(spark):
                        progressBar=False)
     with pytest.raises(ModelCriterionMismatchError, match="transform reads the predictions"):
         clf.fit(df)
+
+
+def test_the_docstring_example_step_is_exact_under_padding():
+    """sparkdl.training_step's example step for a Hugging Face model (whose ``.loss`` is a mean
+    over the labels that are not -100) returns ``(loss_sum, normaliser)``, so two tasks with
+    different padding combine to the single-process token mean (issue 35); returned as a row
+    mean, the task with more padding would weigh its few tokens more."""
+    import textwrap
+    from types import SimpleNamespace
+
+    import sparkdl.training_step as training_step
+    from sparkdl.training_step import step_loss_terms
+
+    doc = training_step.__doc__
+    code = textwrap.dedent(doc[doc.index("Example::") + len("Example::"):
+                               doc.index("    def masked_step")])
+    namespace = {"torch": torch}
+    exec(code, namespace)                    # noqa: S102 - the module's own example
+    step = namespace["step"]
+
+    class TinyTokenClassifier(torch.nn.Module):
+        """Scores per token and, given labels, their mean cross-entropy over the counted
+        labels, as a Hugging Face token classifier computes its ``loss``."""
+
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.scores = torch.nn.Embedding(10, 3, dtype=torch.float64)
+
+        def forward(self, input_ids, labels=None):
+            logits = self.scores(input_ids)
+            loss = F.cross_entropy(logits.reshape(-1, 3), labels.reshape(-1), ignore_index=-100)
+            return SimpleNamespace(loss=loss, logits=logits)
+
+    model = TinyTokenClassifier()
+    ids = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8], [9, 1, 2, 3], [4, 5, 6, 7]])
+    labels = torch.tensor([[0, 1, 2, 0], [1, 2, 0, 1], [2, -100, -100, -100],
+                           [0, 1, -100, -100]])
+    tasks = [(ids[:2], labels[:2]), (ids[2:], labels[2:])]       # padding only in the second
+    terms = [step_loss_terms(step, model, [i], t) for i, t in tasks]
+    combined = sum(loss * m for loss, m, _ in terms) / sum(n for _, _, n in terms)
+    single = model(input_ids=ids, labels=labels).loss             # one process, all tokens
+    assert float(combined.detach()) == pytest.approx(float(single.detach()), rel=1e-12, abs=0)
+    assert [n for _, _, n in terms] == [8.0, 3.0]

@@ -129,3 +129,41 @@ def test_batchnorm_buffers_are_the_sample_weighted_average_of_the_tasks(sc):
     assert torch.allclose(trained.bn.running_var, expected_var, atol=1e-6)
     assert int(trained.bn.num_batches_tracked) == 1
     assert not torch.allclose(trained.bn.running_mean, start.bn.running_mean)
+
+
+@pytest.mark.parametrize("criterion, threshold, warned", [
+    (torch.nn.MSELoss(), None, True),           # probabilities read as logits: all class 1
+    (torch.nn.MSELoss(), 0.5, False),           # the user chose the threshold
+    (torch.nn.BCELoss(), None, False),          # BCELoss: the threshold is already 0.5
+])
+def test_a_sigmoid_ended_model_under_another_loss_warns_about_the_threshold(
+        caplog, criterion, threshold, warned):
+    """Top1Accuracy's threshold is 0.0 (a logit) unless the loss is BCELoss; a model ending in
+    Sigmoid trained with another loss gets a warning naming the layer and the loss (issue 35).
+    In process: no Spark."""
+    from sparkdl.runners import LocalPartitions
+
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(24, 6)).astype(np.float32)
+    y = (x[:, :1] > 0).astype(np.float32)
+    records = list(zip(x, y))
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 1), torch.nn.Sigmoid())
+    opt = DistriOptimizer(net, LocalPartitions([records[:12], records[12:]]), criterion,
+                          torch.optim.SGD(net.parameters(), lr=0.1), batch_size=12,
+                          end_trigger=MaxIteration(2), progress_bar=False)
+    opt.set_validation(LocalPartitions([records]), SeveralIteration(1),
+                       [Top1Accuracy(threshold=threshold)])
+    with caplog.at_level(logging.WARNING, logger="sparkdl"):
+        opt.optimize()
+    lines = [r.getMessage() for r in caplog.records if "Top1Accuracy" in r.getMessage()]
+    if warned:
+        assert lines == [
+            "Top1Accuracy: the model's last layer is Sigmoid (its one output is a probability) "
+            "and it is trained with MSELoss, so the class-1 threshold is 0.0 (the output taken "
+            "as a logit) and every sample counts as class 1. Pass Top1Accuracy(threshold=0.5), "
+            "or drop the final Sigmoid and train with torch.nn.BCEWithLogitsLoss."]
+        # what it warns about: every sample counted as class 1
+        assert opt.summary.validations[-1].metrics["Top1Accuracy"] == float(y.sum()) / len(y)
+    else:
+        assert lines == []

@@ -146,13 +146,19 @@ def check_weight_column(schema: Any, weight_col: str) -> None:
                                    "weights must be numeric (>= 0).")
 
 
-def check_label_column(schema: Any, label_col: str) -> None:
-    """The label column exists and is numeric (or an array of numbers), before any Spark job."""
+def check_label_column(schema: Any, label_col: str, classifier: bool = False) -> None:
+    """The label column exists and is numeric (or an array of numbers, but for a
+    ``classifier``: one class index per row), before any Spark job."""
     from pyspark.sql.types import ArrayType, NumericType, StringType
 
     if label_col not in schema.fieldNames():
         raise _missing(label_col, "labelCol", schema.fieldNames())
     dtype = schema[label_col].dataType
+    if classifier and isinstance(dtype, ArrayType):
+        raise InvalidArgumentError(
+            f"Column '{label_col}' (labelCol) has type {dtype.simpleString()}; a classifier "
+            "takes one 0-based class index per row (a numeric column). Use NNEstimator for "
+            "array targets.")
     if isinstance(dtype, NumericType) or (isinstance(dtype, ArrayType) and
                                           isinstance(dtype.elementType, NumericType)):
         return
@@ -309,10 +315,14 @@ def _labels(column: pa.Array, label_col: str, classifier: bool, float_dtype: Any
             y = y.astype(np.float64)
     if not integral and not np.isfinite(y).all():
         raise ValueError(f"{what} has NaN or infinite values")
+    if classifier and y.ndim != 1:
+        raise ValueError(f"{what} holds arrays ({y.shape[1] if y.ndim > 1 else 0} values per "
+                         "row); a classifier takes one 0-based class index per row: a numeric "
+                         "column (use NNEstimator for array targets)")
     if classifier:
         ignored = y == ignore_label if ignore_label is not None else np.zeros(y.shape, bool)
         bad = ((y != np.round(y)) | (y < 0)) & ~ignored
-        if y.ndim != 1 or bad.any():
+        if bad.any():
             raise ValueError(f"{what} must hold 0-based class indices 0..K-1 (whole numbers "
                              ">= 0" + (f", or {ignore_label}, the criterion's ignore_index"
                                        if ignore_label is not None and ignore_label < 0 else "")

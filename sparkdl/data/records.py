@@ -24,7 +24,7 @@ import numpy as np
 
 from .ragged import Ragged
 
-__all__ = ["ArrayBlock", "convert_records"]
+__all__ = ["ArrayBlock", "convert_records", "numeric_kind", "mixed_kinds_message"]
 
 
 @dataclass
@@ -49,6 +49,24 @@ def _as_numeric(value: Any, what: str) -> np.ndarray:
 
 def _target_dtype(dtype: np.dtype, float_dtype: np.dtype) -> np.dtype:
     return float_dtype if dtype.kind in "fb" else np.dtype(np.int64)
+
+
+def numeric_kind(dtype: np.dtype) -> str:
+    """``"int"`` (kept as int64: ids, class indices) or ``"float"`` (the model's float dtype;
+    bools too): the kind a value keeps through :func:`convert_records`. Every record of a data
+    set must have the same kind per input and for the label, within a partition and across
+    partitions alike (numpy would silently turn a partition's ints into floats)."""
+    return "int" if np.dtype(dtype).kind in "iu" else "float"
+
+
+def mixed_kinds_message(what: str, first: str, first_kind: str, other: str,
+                        other_kind: str) -> str:
+    """The one message for ``what`` (``"labels"``, ``"features"``, ``"input 1 of the
+    features"``) of two kinds, wherever the two records are (the engine says whose data:
+    "The training RDD mixes ...")."""
+    return (f"mixes int and float {what}: {first} has {first_kind} {what} but "
+            f"{other} has {other_kind} {what}. Make every record's {what} the same kind (all "
+            "float or all int: ids and class indices are ints).")
 
 
 def _stacked(arrays: list[Any], float_dtype: np.dtype, join: Any) -> Any:
@@ -78,7 +96,19 @@ def _convert_blocks(partition: int, first: ArrayBlock, records: Iterator[Any],
     if not blocks:
         return [], np.zeros(0, dtype=np.int64)
     shapes = [_shape(f) for f in blocks[0].features]
+    kinds = [numeric_kind(f.dtype) for f in blocks[0].features]
+    label_kind = numeric_kind(blocks[0].labels.dtype)
     for n, block in enumerate(blocks):
+        for k, f in enumerate(block.features[:len(kinds)]):
+            if numeric_kind(f.dtype) != kinds[k]:
+                raise ValueError(mixed_kinds_message(
+                    "features" if len(kinds) == 1 else f"input {k} of the features",
+                    f"block 0 of partition {partition}", kinds[k],
+                    f"block {n}", numeric_kind(f.dtype)))
+        if numeric_kind(block.labels.dtype) != label_kind:
+            raise ValueError(mixed_kinds_message("labels", f"block 0 of partition {partition}",
+                                                 label_kind, f"block {n}",
+                                                 numeric_kind(block.labels.dtype)))
         got = [_shape(f) for f in block.features]
         if got != shapes:
             raise ValueError(f"block {n} of partition {partition} has feature shape(s) {got} but "
@@ -103,7 +133,9 @@ def convert_records(partition: int, records: Iterator[Any], float_dtype: np.dtyp
     feats: list[list[np.ndarray]] | None = None
     labels: list[np.ndarray] = []
     first_shapes: list[tuple[int, ...]] = []
+    first_kinds: list[str] = []
     first_label_shape: tuple[int, ...] = ()
+    first_label_kind = ""
     multi_input = False
     for n, record in enumerate(records):
         where = f"record {n} of partition {partition}"
@@ -120,11 +152,18 @@ def convert_records(partition: int, records: Iterator[Any], float_dtype: np.dtyp
             multi_input = isinstance(x, tuple)
             feats = [[] for _ in arrays]
             first_shapes = [a.shape for a in arrays]
+            first_kinds = [numeric_kind(a.dtype) for a in arrays]
             first_label_shape = label.shape
+            first_label_kind = numeric_kind(label.dtype)
         if isinstance(x, tuple) != multi_input or len(arrays) != len(feats):
             raise ValueError(f"{where} has {len(arrays)} feature input(s) but the first record "
                              f"of the partition has {len(feats)}")
         for k, a in enumerate(arrays):
+            if numeric_kind(a.dtype) != first_kinds[k]:
+                raise ValueError(mixed_kinds_message(
+                    f"input {k} of the features" if multi_input else "features",
+                    f"record 0 of partition {partition}", first_kinds[k], where,
+                    numeric_kind(a.dtype)))
             if k in ragged:
                 if a.ndim != 1:
                     raise ValueError(f"{where} has a {a.ndim}-d array for input {k}, which is "
@@ -136,6 +175,10 @@ def convert_records(partition: int, records: Iterator[Any], float_dtype: np.dtyp
                                  + (f" for input {k}" if multi_input else "")
                                  + f" but the first record of the partition has {first_shapes[k]}")
             feats[k].append(a)
+        if numeric_kind(label.dtype) != first_label_kind:
+            raise ValueError(mixed_kinds_message("labels", f"record 0 of partition {partition}",
+                                                 first_label_kind, where,
+                                                 numeric_kind(label.dtype)))
         if label.shape != first_label_shape:
             raise ValueError(f"{where} has label shape {label.shape} but the first record of "
                              f"the partition has {first_label_shape}")

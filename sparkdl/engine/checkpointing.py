@@ -1,9 +1,13 @@
 """Checkpoints of a run and resuming from them (driver side).
 
 A checkpoint holds the model, optimizer and scheduler states, the iteration and epoch, torch's
-RNG state and the number of summary records so far (the records themselves go to append-only
-``summary-<iteration>.pt`` parts beside it, each with the records since the previous one) (:class:`sparkdl.storage.checkpoint_store.CheckpointStore`
-writes it atomically). Resuming checks, before any cluster work, that the newest checkpoint
+RNG state and the number of summary records so far; the records themselves go to parts beside
+it, each with the records since the previous checkpoint and named by its content hash
+(``summary-<iteration>-<hash>.pt``), and the checkpoint lists the parts it needs. A stop at any
+point leaves either a committed checkpoint with every part it lists, or the previous one; parts
+no checkpoint lists are never read and are removed; a committed file is never rewritten; a
+resume checks that its history is every iteration once, in order
+(:class:`sparkdl.storage.checkpoint_store.CheckpointStore` writes each file atomically). Resuming checks, before any cluster work, that the newest checkpoint
 belongs to this model (class and parameter shapes), and, once the data is known, that it was
 written by a run with the same seed, batch size, shuffling and partition sizes: only then does
 the resumed run reproduce the interrupted one bitwise.
@@ -28,7 +32,6 @@ from torch import nn
 from ..errors import CheckpointError
 from ..storage.checkpoint_store import FORMAT_VERSION, CheckpointStore
 from ..triggers import Trigger
-from .fit_identity import FIT_KEYS
 from .run_context import KEY_DEFAULTS, RunContext
 from .summary import IterationRecord, TrainingSummary, ValidationRecord
 
@@ -75,6 +78,7 @@ class Checkpoints:
         self.setup = setup
         self.store = store
         self._summary_written = (0, 0)   # records already in summary parts
+        self._parts: list[str] = []          # those parts' names, in order
 
     def latest(self, model: nn.Module) -> dict[str, Any] | None:
         """The newest checkpoint to resume from, checked against ``model`` (no cluster work)."""
@@ -85,6 +89,8 @@ class Checkpoints:
             return None
         state = self.store.read(iterations[-1])
         name = self.store.file_name(iterations[-1])
+        if "summary_parts" in state:        # what a stopped writer left is nobody's
+            self.store.remove_strays(list(state["summary_parts"]))
         if state.get("model_class") != _model_class(model):
             raise CheckpointError(f"The checkpoint {name} is of a model of class "
                                   f"{state.get('model_class')}, not {_model_class(model)}.")
@@ -102,7 +108,8 @@ class Checkpoints:
         """Put ``state`` into the run, after checking that it was written by the same kind of
         run (seed, batch size, shuffling, partition sizes)."""
         name = self.store.file_name(int(state["iteration"]))
-        unknown = [key for key in FIT_KEYS if key not in state["run"]]
+        unknown = [key for key in ctx.resume_key()
+                   if key not in state["run"] and key not in KEY_DEFAULTS]
         if unknown:
             log.warning("the checkpoint %s predates the checks of %s: resuming it without "
                         "them", name, ", ".join(unknown))
@@ -135,23 +142,43 @@ class Checkpoints:
         if "summary" in state:       # written before the summary moved beside the checkpoint
             iterations, validations = (state["summary"]["iterations"],
                                        state["summary"]["validations"])
+            self._parts = []
         else:
-            parts = self.store.read_summary_parts(int(state["iteration"]))
             count_i, count_v = state["summary_records"]
+            if "summary_parts" in state:
+                self._parts = list(state["summary_parts"])
+                parts = self.store.read_summary_parts(self._parts)
+            else:                    # parts named by iteration only: chosen by number
+                self._parts = []
+                parts = self.store.read_legacy_summary_parts(int(state["iteration"]))
             iterations = [r for p in parts for r in p["iterations"]][:count_i]
             validations = [v for p in parts for v in p["validations"]][:count_v]
             if len(iterations) != count_i or len(validations) != count_v:
                 raise CheckpointError(f"The summary parts beside {name} hold {len(iterations)} "
                                       f"iteration records, the checkpoint needs {count_i}: "
                                       "some summary-*.pt files are missing.")
+        _check_continuous(name, int(state["iteration"]), iterations, validations)
         ctx.summary = TrainingSummary([IterationRecord(**r) for r in iterations],
                                       [ValidationRecord(**v) for v in validations])
-        self._summary_written = (len(iterations), len(validations))
+        # a checkpoint whose records are not in named parts: the next one writes them all
+        self._summary_written = ((len(iterations), len(validations)) if self._parts
+                                 else (0, 0))
         log.warning("resuming from checkpoint %s: iteration %d, epoch %d", name, ctx.iteration,
                     ctx.iteration // ctx.plan.iterations_per_epoch)
 
     def write(self, ctx: RunContext) -> str:
-        """Write the run's whole state now; returns the checkpoint's path."""
+        """Write the run's whole state now; returns the checkpoint's path. The summary records
+        since the previous checkpoint go first, to a part named by its content hash; the
+        checkpoint lists every part it needs, so a part that a stop left without its checkpoint
+        is never read (and is removed). A checkpoint of an iteration already committed (the NaN
+        stop right after a regular checkpoint) is not written again."""
+        if ctx.iteration in self.store.iterations():
+            return self.store.file_name(ctx.iteration)
+        done_i, done_v = self._summary_written
+        part = self.store.write_summary_part(ctx.iteration, {
+            "iterations": [asdict(r) for r in ctx.summary.iterations[done_i:]],
+            "validations": [asdict(v) for v in ctx.summary.validations[done_v:]]})
+        parts = self._parts + [part]
         state = {
             "format_version": FORMAT_VERSION,
             "model_class": _model_class(ctx.model),
@@ -169,14 +196,32 @@ class Checkpoints:
             "best_states": {str(k): v for k, v in ctx.best_states.items()},
             "loss_scaler": (ctx.loss_scaler.state_dict() if ctx.loss_scaler is not None
                             else None),
-            # the summary: only a count here; the records are in append-only parts beside
+            # the summary: the records' count and the parts that hold them, in order
             "summary_records": [len(ctx.summary.iterations), len(ctx.summary.validations)],
+            "summary_parts": parts,
         }
-        done_i, done_v = self._summary_written
-        self.store.write_summary_part(ctx.iteration, {
-            "iterations": [asdict(r) for r in ctx.summary.iterations[done_i:]],
-            "validations": [asdict(v) for v in ctx.summary.validations[done_v:]]})
-        self._summary_written = (len(ctx.summary.iterations), len(ctx.summary.validations))
         path = self.store.write(ctx.iteration, state, self.setup.keep_last)
+        self._parts = parts
+        self._summary_written = (len(ctx.summary.iterations), len(ctx.summary.validations))
+        self.store.remove_strays(parts)
         log.info("checkpoint written: %s", path)
         return path
+
+
+def _check_continuous(name: str, iteration: int, iterations: list[dict[str, Any]],
+                      validations: list[dict[str, Any]]) -> None:
+    """A resumed history must be every iteration from 1 to the checkpoint's, once and in order,
+    and validations after iterations of it in order: anything else was spliced."""
+    numbers = [int(r["iteration"]) for r in iterations]
+    if numbers != list(range(1, iteration + 1)):
+        where = next((i for i, n in enumerate(numbers) if n != i + 1), len(numbers))
+        raise CheckpointError(
+            f"The training history beside {name} is not continuous: its iteration records read "
+            f"{numbers[max(0, where - 2):where + 3]} around record {where + 1} (expected "
+            f"1..{iteration} once each). Resuming would splice another run's records in; delete "
+            "the directory to start over.")
+    after = [int(v["iteration"]) for v in validations]
+    if after != sorted(after) or any(not 0 <= n <= iteration for n in after):
+        raise CheckpointError(f"The validation history beside {name} is not continuous "
+                              f"(validations after iterations {after[:10]}...); delete the "
+                              "directory to start over.")

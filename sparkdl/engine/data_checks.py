@@ -21,12 +21,14 @@ import torch
 from torch import nn
 
 from ..data.ragged import model_arguments
+from ..data.records import mixed_kinds_message, numeric_kind
 from ..losses import CLASS_INDEX_LOSSES
-from ..errors import (InvalidArgumentError, ModelCriterionMismatchError, TrainingDataError,
-                      TrainingStepError)
+from ..errors import (EmptyDataError, InvalidArgumentError, ModelCriterionMismatchError,
+                      TrainingDataError, TrainingStepError)
 from ..executor.replicas import set_training_modes, training_modes
 from ..metrics import Loss, prediction_tensor, uses_step_loss
 from ..training_step import step_loss_sums, step_loss_terms
+from ..executor.id_checks import IdOrigin, argument_names, checked_ids
 from ..executor.shard_store import ShardSummary
 from ..executor.step import as_model_input
 from .rng_isolation import private_torch_rng
@@ -50,6 +52,7 @@ class DataSpec:
     label_max: float | None
     sample_features: list[np.ndarray]
     sample_labels: np.ndarray
+    sample_partition: int = 0      # the samples are this partition's first records
 
     @property
     def num_samples(self) -> int:
@@ -59,12 +62,14 @@ class DataSpec:
 def summarize(summaries: Sequence[ShardSummary], what: str) -> DataSpec:
     """Check the partitions' summaries against each other and merge them."""
     for s in summaries:
+        if s.error and s.error.startswith("mixes int and float"):   # one message, wherever
+            raise TrainingDataError(f"The {what} RDD {s.error}")
         if s.error:
             raise TrainingDataError(f"The {what} RDD has a bad record: {s.error}.")
     filled = [s for s in summaries if s.count]
     if not filled:
-        raise TrainingDataError(f"The {what} RDD is empty: it has {len(summaries)} partition(s) "
-                                "and no (features, label) record.")
+        raise EmptyDataError(f"The {what} RDD is empty: it has {len(summaries)} partition(s) "
+                             "and no (features, label) record.", what)
     first = filled[0]
     for s in filled[1:]:
         for attr, label in (("feature_shapes", "feature shape(s)"),
@@ -74,13 +79,13 @@ def summarize(summaries: Sequence[ShardSummary], what: str) -> DataSpec:
                     f"The {what} RDD has records of inconsistent {label}: partition "
                     f"{first.partition} has {getattr(first, attr)} but partition {s.partition} "
                     f"has {getattr(s, attr)}.")
+        _check_kinds(first, s, what)
         if s.feature_dtypes != first.feature_dtypes or s.label_dtype != first.label_dtype:
             raise TrainingDataError(
-                f"The {what} RDD mixes numeric kinds across partitions: partition "
+                f"The {what} RDD mixes numeric types across partitions: partition "
                 f"{first.partition} has features {first.feature_dtypes} / labels "
                 f"{first.label_dtype}, partition {s.partition} has {s.feature_dtypes} / "
-                f"{s.label_dtype}. Make every record's features and label the same kind "
-                "(all float or all int).")
+                f"{s.label_dtype}. Make every record's features and label the same type.")
     bad = [s.partition for s in filled if s.feature_nan]
     if bad:
         raise TrainingDataError(f"The {what} RDD has NaN or infinite feature values in "
@@ -100,7 +105,27 @@ def summarize(summaries: Sequence[ShardSummary], what: str) -> DataSpec:
         label_max=max(maxs) if maxs else None,
         sample_features=first.sample_features,
         sample_labels=first.sample_labels if first.sample_labels is not None else np.zeros(0),
+        sample_partition=first.partition,
     )
+
+
+def _check_kinds(first: ShardSummary, other: ShardSummary, what: str) -> None:
+    """Int against float features or labels in two partitions: the message a partition mixing
+    them gets (:func:`sparkdl.data.records.mixed_kinds_message`)."""
+    def where(s: ShardSummary) -> str:
+        return f"partition {s.partition}"
+
+    kinds = [numeric_kind(np.dtype(d)) for d in first.feature_dtypes]
+    for k, d in enumerate(other.feature_dtypes[:len(kinds)]):
+        if numeric_kind(np.dtype(d)) != kinds[k]:
+            name = "features" if len(kinds) == 1 else f"input {k} of the features"
+            raise TrainingDataError(f"The {what} RDD " + mixed_kinds_message(
+                name, where(first), kinds[k], where(other), numeric_kind(np.dtype(d))))
+    label_kind, other_kind = (numeric_kind(np.dtype(first.label_dtype)),
+                              numeric_kind(np.dtype(other.label_dtype)))
+    if label_kind != other_kind:
+        raise TrainingDataError(f"The {what} RDD " + mixed_kinds_message(
+            "labels", where(first), label_kind, where(other), other_kind))
 
 
 def _describe(output: Any) -> str:
@@ -135,7 +160,8 @@ def _check_tensor_output(output: torch.Tensor, target: torch.Tensor, criterion: 
 def dry_run(model: nn.Module, criterion: Any, spec: DataSpec, what: str,
             metrics: Sequence[Any] = (), dtype: torch.dtype | None = None,
             arguments: Any = None, steps: tuple[Any, Any] = (None, None),
-            prediction: bool = False) -> None:
+            prediction: bool = False, names: Sequence[str] | None = None,
+            collate: Any = None) -> None:
     """Run a copy of the model, the criterion and the validation ``metrics`` on a few real
     samples (floating inputs in ``dtype``, the model's parameter dtype); explain any mismatch.
 
@@ -145,10 +171,18 @@ def dry_run(model: nn.Module, criterion: Any, spec: DataSpec, what: str,
     the tasks train in, and must return a scalar loss with grad or ``(loss_sum, normaliser)``;
     the metrics read the validation step's output. ``prediction``: with a training step,
     ``model(*inputs)`` must still give predictions (a tensor, or a dict-like output with
-    ``"logits"``), as the estimators' ``transform`` reads them."""
-    with private_torch_rng():            # a dropout layer must not draw from the caller's RNG
-        _dry_run(copy.deepcopy(model), criterion, spec, what, metrics, dtype, arguments, steps,
-                 prediction)
+    ``"logits"``), as the estimators' ``transform`` reads them. Embedding ids out of their
+    table's range raise :class:`TrainingDataError` (:mod:`sparkdl.executor.id_checks`), naming
+    the input (``names``: the features' columns; none under a ``collate``, the run's) and the
+    record."""
+    probe = copy.deepcopy(model)
+    inputs, target = sample_batch(spec, dtype, arguments)
+    # sample weights, the last feature, are no model argument: the names before them hold
+    origin = IdOrigin(argument_names(spec.sample_features, names, collate),
+                      spec.sample_partition, np.arange(len(spec.sample_labels)), what)
+    with private_torch_rng(), checked_ids(probe, inputs, origin):   # a dropout layer must not
+        _dry_run(probe, criterion, spec, what, metrics, dtype, arguments, steps,  # draw from
+                 prediction, (inputs, target))                          # the caller's RNG
 
 
 def _try_training_step(probe: nn.Module, step: Any, inputs: list[torch.Tensor],
@@ -158,7 +192,7 @@ def _try_training_step(probe: nn.Module, step: Any, inputs: list[torch.Tensor],
     set_training_modes(probe, modes)
     try:
         step_loss_terms(step, probe, inputs, target)
-    except TrainingStepError:
+    except (TrainingStepError, TrainingDataError):
         raise
     except Exception as exc:
         raise TrainingStepError(
@@ -181,9 +215,10 @@ def sample_batch(spec: DataSpec, dtype: torch.dtype | None, arguments: Any = Non
 
 def _dry_run(probe: nn.Module, criterion: Any, spec: DataSpec, what: str,
              metrics: Sequence[Any], dtype: torch.dtype | None, arguments: Any,
-             steps: tuple[Any, Any] = (None, None), prediction: bool = False) -> None:
-
-    inputs, target = sample_batch(spec, dtype, arguments)
+             steps: tuple[Any, Any] = (None, None), prediction: bool = False,
+             batch: tuple[list[torch.Tensor], torch.Tensor] | None = None) -> None:
+    # batch: the very tensors the id checks know the inputs by
+    inputs, target = batch if batch is not None else sample_batch(spec, dtype, arguments)
     shapes = ", ".join(f"{tuple(x.shape)} {x.dtype}" for x in inputs)
     training_step, validation_step = steps
     if training_step is not None:
@@ -197,6 +232,8 @@ def _dry_run(probe: nn.Module, criterion: Any, spec: DataSpec, what: str,
     try:
         with torch.no_grad():
             output = probe(*inputs)
+    except TrainingDataError:   # an id out of its table's range
+        raise
     except Exception as exc:
         raise ModelCriterionMismatchError(
             f"The model cannot run on the {what} features: a batch of features of shape(s) "
@@ -207,6 +244,8 @@ def _dry_run(probe: nn.Module, criterion: Any, spec: DataSpec, what: str,
     try:
         with torch.no_grad():
             loss = criterion(output, target)
+    except TrainingDataError:   # an id out of its table's range
+        raise
     except Exception as exc:
         raise ModelCriterionMismatchError(
             f"The model output, {_describe(output)}, does not fit {name} with labels of shape "
@@ -225,6 +264,8 @@ def _check_prediction(probe: nn.Module, inputs: list[torch.Tensor], shapes: str)
     try:
         with torch.no_grad():
             output = prediction_tensor(probe(*inputs))
+    except TrainingDataError:   # an id out of its table's range
+        raise
     except Exception as exc:
         raise ModelCriterionMismatchError(
             f"transform calls model(*inputs), which fails on features of shape(s) {shapes}: "
@@ -244,12 +285,16 @@ def _validation_output(probe: nn.Module, validation_step: Any, inputs: list[torc
         if validation_step is not None:
             try:
                 return validation_step(probe, inputs, target)
+            except TrainingDataError:   # an id out of its table's range
+                raise
             except Exception as exc:
                 raise ModelCriterionMismatchError(
                     f"The validation step cannot run on the {what} rows (features of shape(s) "
                     f"{shapes}): {type(exc).__name__}: {exc}") from exc
         try:
             return probe(*inputs)
+        except TrainingDataError:   # an id out of its table's range
+            raise
         except Exception as exc:
             raise ModelCriterionMismatchError(
                 f"The model cannot run on the {what} features: a batch of features of "
@@ -280,6 +325,8 @@ def _dry_run_metrics(probe: nn.Module, criterion: Any, training_step: Any, valid
                     step_loss_sums(training_step, probe, inputs, target)
                 else:
                     metric.partial(output, target, criterion)
+        except TrainingDataError:   # an id out of its table's range
+            raise
         except Exception as exc:
             raise ModelCriterionMismatchError(
                 f"The validation metric {metric.name} cannot read the "

@@ -58,7 +58,7 @@ from .arguments import (check_criterion, check_lr_scheduler, check_optimizer, ch
                         check_training_data)
 from .checkpointing import CheckpointSetup, Checkpoints
 from .clipping import GradientClipping, check_norm_clipping, check_value_clipping
-from .fit_identity import data_digest, fit_identity, identity_directory
+from .fit_identity import data_digest, fit_identity, identity_directory, validation_decides
 from .loss_scaling import PRECISIONS, LossScaler
 from .mlflow_tracking import (FINISH_TIMEOUT_S, FLUSH_INTERVAL_S, MlflowSetup, MlflowTracker,
                               active_run_id, check_mlflow, engine_params)
@@ -303,6 +303,9 @@ class DistriOptimizer:
         self._checkpoint_setup: CheckpointSetup | None = None
         self._clipping: GradientClipping | None = None
         self._mlflow: MlflowSetup | None = None
+        self._fit_name: str | None = None
+        self._identity_extra: dict[str, Any] | None = None
+        """What a caller adds to the fit identity (the estimators: their Params)."""
         self.mlflow_run_id: str | None = None
         self.summary = TrainingSummary()
         self.iteration = 0
@@ -310,6 +313,9 @@ class DistriOptimizer:
         self._needs_prediction = False
         """Whether ``model(*inputs)`` must give a prediction tensor even with a training step
         (the estimators' ``transform``): checked by the dry run, before training."""
+        self._input_names: tuple[str, ...] = ()
+        """The features' column names (the estimators), for the errors of embedding ids out of
+        their table's range (:mod:`sparkdl.executor.id_checks`)."""
 
     def _concurrency_hazard(self) -> str | None:
         """Why sub-replicas cannot train this model exactly (None: they can), tried on the
@@ -375,10 +381,12 @@ class DistriOptimizer:
         result as an uninterrupted run; with ``resume=False`` the directory must hold none.
         The directory is checked for writing now, before any cluster work.
 
-        A checkpoint belongs to its fit: it is resumed only by a run with the same data (the
-        shards' content hashes), optimizer and scheduler hyperparameters, initial weights, seed,
-        batch size and partitioning (not the end trigger: training longer resumes); any other
-        run gets a :class:`~sparkdl.errors.CheckpointError` naming what differs. With
+        A checkpoint belongs to its fit: it is resumed only by a run with the same identity,
+        derived from everything that decides the result (every argument and setter but those
+        that cannot change the weights, objects by their content, the data's content hashes:
+        :mod:`sparkdl.engine.fit_identity`; not the end trigger's epoch or iteration count:
+        training longer resumes); any other run gets a
+        :class:`~sparkdl.errors.CheckpointError` naming what differs. With
         ``by_fit=True`` each fit instead writes to, and resumes from, its own subdirectory
         ``fit-<hash of that key>`` (what the estimators do, so every setting and fold of a tuning
         grid has its own).
@@ -454,12 +462,25 @@ class DistriOptimizer:
         from ..storage.hadoop_files import HadoopFiles
 
         data = self.training_rdd
-        if isinstance(data, LocalPartitions):
-            raise InvalidArgumentError(
-                "Checkpoints are written through Spark's Hadoop file systems; training data "
-                "given as LocalPartitions runs without Spark and cannot write them.")
-        sc = getattr(data, "context", None)
+        # without Spark (LocalPartitions) or a JVM (Spark Connect): pyarrow's file systems
+        sc = None if isinstance(data, LocalPartitions) else getattr(data, "context", None)
         return CheckpointStore(path, HadoopFiles(sc) if sc is not None else ArrowFiles())
+
+    def set_fit_identity(self, name: str) -> "DistriOptimizer":
+        """Name this fit for its checkpoints. The identity of a fit is derived from everything
+        that decides its result (:mod:`sparkdl.engine.fit_identity`); an object sparkdl cannot
+        hash deterministically (a function closing over a lock or a session) is refused unless
+        the fit has a name: then ``name`` stands for whatever could not be hashed, and a fit is
+        resumed only by a fit with the same name and the same hashable rest. Give a new name
+        whenever such an object changes what it computes.
+
+        Example: ``opt.set_fit_identity("two-tower-v3").set_checkpoint(path, EveryEpoch())``.
+        """
+        if not isinstance(name, str) or not name.strip():
+            raise argument_error("name", f"{_OWNER}.set_fit_identity", "a non-empty string",
+                                 name)
+        self._fit_name = name
+        return self
 
     def set_tensorboard(self, log_dir: str) -> "DistriOptimizer":
         """Also write training scalars (loss, learning rate, samples/s per iteration) and
@@ -546,9 +567,9 @@ class DistriOptimizer:
             trigger.reset()
         runner = runner_for(self.training_rdd, self.exchange_dir)
         runner.check_device(self.settings.runner_options.device)
-        identity = fit_identity(self.model, self.optimizer, self.lr_scheduler, self.criterion,
-                                self.training_step)
         setup = self._checkpoint_setup
+        # only checkpoints need the identity (hashing every weight and function costs time)
+        identity = fit_identity(self) if setup is not None else {}
         checkpoints = (Checkpoints(setup, self._checkpoint_store(setup.path))
                        if setup is not None and not setup.by_fit else None)
         resumed = checkpoints.latest(self.model) if checkpoints is not None else None
@@ -563,13 +584,18 @@ class DistriOptimizer:
             arguments = self._model_arguments
             steps = (self.training_step, self.validation_step)
             dry_run(self.model, self.criterion, self.data_spec, "training", dtype=param_dtype,
-                    arguments=arguments, steps=steps, prediction=self._needs_prediction)
+                    arguments=arguments, steps=steps, prediction=self._needs_prediction,
+                    names=self._input_names, collate=self.collate)
             if self._validation is not None:
                 self._validation.held = runner.load(self._validation.data, "validation", dtype,
                                                     self.sequence_inputs)
                 dry_run(self.model, self.criterion,
                         summarize(self._validation.held.summaries, "validation"), "validation",
-                        self._validation.metrics, param_dtype, arguments, steps)
+                        self._validation.metrics, param_dtype, arguments, steps,
+                        names=self._input_names, collate=self.collate)
+                if setup is not None and validation_decides(self):
+                    identity["validation"]["data"] = data_digest(
+                        self._validation.held.summaries)
             plan = BatchPlan(self.data_spec.partition_sizes, self.batch_size, self.seed,
                              self.settings.shuffle)
             sub_replicas, cores_use = choose_sub_replicas(
@@ -583,7 +609,8 @@ class DistriOptimizer:
                              runner, train, plan, self._validation, checkpoints, self._clipping,
                              LossScaler() if self.settings.runner_options.precision == "16-mixed"
                              else None)
-            ctx.fit_key = dict(identity, data=data_digest(train.summaries))
+            if setup is not None:
+                ctx.fit_key = dict(identity, data=data_digest(train.summaries))
             ctx.training_step = self.training_step
             if setup is not None and setup.by_fit:   # this fit's own subdirectory
                 directory = f"{setup.path.rstrip('/')}/{identity_directory(ctx.resume_key())}"
@@ -596,7 +623,8 @@ class DistriOptimizer:
             how = runner.start(ReplicaSpec(self.model, self.criterion, self.reduction,
                                            self.train_transform, self.padding_value,
                                            self.collate, self.settings.sample_weights,
-                                           self.training_step, self.validation_step),
+                                           self.training_step, self.validation_step,
+                                           self._input_names),
                                self.layout, self.settings.runner_options, train)
             log.info("training on %d samples in %d partitions: global batch %d, %d iterations "
                      "per epoch, %s", plan.num_samples, plan.num_partitions, self.batch_size,

@@ -1,17 +1,27 @@
 """What makes two fits the same fit, for checkpoints (driver side).
 
-A checkpoint may only be resumed by the fit that wrote it: the same data (the shards' content
-hashes), the same optimizer and scheduler hyperparameters, the same initial weights, on top of
-the settings that fix the arithmetic (:meth:`sparkdl.engine.run_context.RunSettings.
-reproducibility_key`). The end trigger is not part of it: "train longer" resumes.
+A checkpoint may only be resumed by the fit that wrote it. The identity of a fit is derived from
+everything that decides its result, not from a list of knobs someone remembered:
 
-Everything here is taken when :meth:`sparkdl.DistriOptimizer.optimize` starts, before any
-checkpoint is restored and before any step, so a resumed run compares the objects as the user
-built them again with those the interrupted run was given.
+* every argument of :class:`sparkdl.DistriOptimizer` (read back from the object as it is when
+  :meth:`~sparkdl.DistriOptimizer.optimize` starts, so ``opt.batch_size = 64`` counts), except
+  those named in :data:`NOT_IN_IDENTITY` with the reason they cannot change the weights;
+* the state every setter left (clipping; validation wherever it decides anything: an
+  EarlyStopping end trigger or a scheduler stepped on a metric), except the setters in
+  :data:`NOT_IN_IDENTITY`;
+* objects by their content (:mod:`sparkdl.engine.content_digest`): the model's class,
+  attributes, hooks and initial weights, the criterion's settings, functions' code and closure
+  values, the optimizer's class, hyperparameters and state, the schedulers' lambdas and state;
+* the training data's (and, where validation decides, the validation data's) content hashes;
+* what the caller adds (the estimators add their Params, :func:`params_identity`).
+
+An object that cannot be hashed deterministically is refused (:class:`UnidentifiableError`)
+unless the fit has an explicit name (:meth:`sparkdl.DistriOptimizer.set_fit_identity`), which
+then stands for it. All of this is computed only for fits that write checkpoints.
 
 Example::
 
-    identity = fit_identity(model, optimizer, scheduler)     # at the start of optimize()
+    identity = fit_identity(opt)                             # at the start of optimize()
     identity["data"] = data_digest(train.summaries)          # once the shards are built
     subdirectory = identity_directory(identity)               # "fit-3f2a...": one per fit
 """
@@ -19,83 +29,139 @@ Example::
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Sequence
+import inspect
+from typing import Any, Mapping, Sequence
 
-import torch
-from torch import nn
+from ..triggers import EarlyStopping
+from .content_digest import UnidentifiableError, content_digest
+from .optimizer_sequence import OptimizerSequence, optimizer_members, scheduler_needs_metric
 
-from .optimizer_sequence import OptimizerSequence, optimizer_members
+__all__ = ["fit_identity", "data_digest", "identity_directory", "params_identity",
+           "NOT_IN_IDENTITY", "PARAMS_NOT_IN_IDENTITY", "SETTER_STATE",
+           "UnidentifiableError"]
 
-__all__ = ["fit_identity", "data_digest", "identity_directory", "FIT_KEYS"]
+NOT_IN_IDENTITY: dict[str, str] = {
+    "training_rdd": "identified by its shards' sample counts and content hashes ('data')",
+    "end_trigger": "training longer resumes; the EarlyStopping triggers inside it are in the "
+                   "identity ('early_stopping': they decide which weights a fit returns)",
+    "progress_bar": "display only",
+    "allreduce": "every AllReduce path sums the same vectors in partition order: bitwise the "
+                 "same weights (tests/test_allreduce_paths.py)",
+    "num_blocks": "the reducers add element by element in partition order whatever the blocks: "
+                  "bitwise the same weights (tests/test_allreduce_paths.py)",
+    "exchange_dir": "where the Connect runner's weights travel, not what they are",
+    "set_checkpoint": "where and when checkpoints are written",
+    "set_tensorboard": "reporting only",
+    "set_mlflow": "reporting only",
+}
+"""The arguments and setters of DistriOptimizer that do not decide a fit's weights, and why."""
 
-FIT_KEYS = ("data", "optimizer", "lr_scheduler", "initial_weights", "loss")
-"""The keys a checkpoint written before they existed lacks (it is resumed with a warning)."""
+SETTER_STATE: dict[str, str] = {
+    "set_gradient_clipping": "clipping",
+    "set_constant_gradient_clipping": "clipping",
+    "set_validation": "validation",
+    "set_fit_identity": "fit_identity",
+}
+"""Each setter in the identity, and the key its state is found under."""
 
+PARAMS_NOT_IN_IDENTITY: dict[str, str] = {
+    "maxEpoch": "training longer resumes (the engine's end trigger)",
+    "predictionCol": "transform only", "probabilityCol": "transform only",
+    "rawPredictionCol": "transform only", "inferenceBatchSize": "transform only",
+    "progressBar": "display only", "tensorboardDir": "reporting only",
+    "mlflowLogging": "reporting only", "checkpointDir": "where checkpoints are written",
+    "exchangeDir": "where the Connect runner's weights travel, not what they are",
+}
+"""The estimators' Params that do not decide a fit's weights, and why."""
 
 def _plain(value: Any) -> Any:
-    """A JSON-able, deterministic rendering of a hyperparameter."""
-    if isinstance(value, torch.Tensor):
-        return value.tolist()
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    """Simple values as they are (readable in errors); anything else as its content digest."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    return repr(value) if not callable(value) else getattr(value, "__qualname__", "callable")
+    if isinstance(value, (list, tuple)) and all(
+            v is None or isinstance(v, (bool, int, float, str)) for v in value):
+        return list(value)
+    raise TypeError
 
 
-def _optimizer_settings(optimizer: Any) -> dict[str, Any]:
-    groups = [{k: _plain(v) for k, v in group.items() if k != "params"}
-              | {"params": len(group["params"])} for group in optimizer.param_groups]
+def _rendered(value: Any, what: str, opaque: bool) -> Any:
+    try:
+        return _plain(value)
+    except TypeError:
+        return "sha256:" + content_digest(value, what, opaque)[:32]
+
+
+def current_argument(opt: Any, name: str) -> Any:
+    """The value of ``DistriOptimizer`` argument ``name`` as the object holds it now."""
+    for holder in (opt, opt.settings, opt.settings.runner_options):
+        if hasattr(holder, name):
+            return getattr(holder, name)
+    raise AttributeError(f"DistriOptimizer keeps no value for its argument {name!r}: add it to "
+                         "sparkdl.engine.fit_identity.NOT_IN_IDENTITY with the reason it cannot "
+                         "change the weights, or keep it as an attribute")
+
+
+def _optimizer(optimizer: Any, opaque: bool) -> dict[str, Any]:
+    groups = [{k: _rendered(v, f"optimizer param_groups[{i}][{k!r}]", opaque)
+               for k, v in sorted(group.items()) if k != "params"} | {"params": len(group["params"])}
+              for i, group in enumerate(optimizer.param_groups)]
     members = optimizer_members(optimizer)
     return {"class": ([type(o).__qualname__ for o in members]
                       if isinstance(optimizer, OptimizerSequence)
-                      else type(optimizer).__qualname__), "groups": groups}
+                      else type(optimizer).__qualname__), "groups": groups,
+            "state": "sha256:" + content_digest([o.state_dict()["state"] for o in members],
+                                                "optimizer state", opaque)[:32]}
 
 
-def _scheduler_settings(scheduler: Any) -> dict[str, Any] | None:
-    if scheduler is None:
-        return None
-    state = {k: v for k, v in scheduler.state_dict().items() if k != "optimizer"}
-    return {"class": type(scheduler).__qualname__, "state": _plain(state)}
+def validation_decides(opt: Any) -> bool:
+    """Whether validation can change the weights: an end trigger reads its metrics (early
+    stopping, restore-best) or the scheduler steps on a metric (ReduceLROnPlateau)."""
+    return opt._validation is not None and (bool(opt.end_trigger.metric_names())
+                                            or scheduler_needs_metric(opt.lr_scheduler))
 
 
-def _weights_digest(model: nn.Module) -> str:
-    digest = hashlib.sha256()
-    for name, value in model.state_dict().items():
-        digest.update(name.encode())
-        digest.update(str(value.dtype).encode())
-        digest.update(value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()
-                      .tobytes() if value.numel() else b"")
-    return digest.hexdigest()
+def fit_identity(opt: Any) -> dict[str, Any]:
+    """The identity of ``opt``'s fit as it is now, without the data (see the module docstring).
+    Raises :class:`UnidentifiableError` for an object that cannot be hashed, unless the fit has
+    an explicit name."""
+    name = getattr(opt, "_fit_name", None)
+    opaque = name is not None
+    identity: dict[str, Any] = {}
+    for argument in inspect.signature(type(opt).__init__).parameters:
+        if argument == "self" or argument in NOT_IN_IDENTITY:
+            continue
+        value = current_argument(opt, argument)
+        identity[argument] = (_optimizer(value, opaque) if argument == "optimizer"
+                              else _rendered(value, argument, opaque))
+    identity["early_stopping"] = [
+        _rendered(t, "the end trigger's EarlyStopping", opaque)
+        for t in opt.end_trigger.walk() if isinstance(t, EarlyStopping)]
+    clipping = opt._clipping
+    identity["clipping"] = None if clipping is None else {
+        k: getattr(clipping, k) for k in ("max_norm", "norm_type", "min_value", "max_value")}
+    validation = opt._validation
+    identity["validation"] = None
+    if validation_decides(opt):
+        identity["validation"] = {
+            "trigger": _rendered(validation.trigger, "the validation trigger", opaque),
+            "metrics": _rendered(validation.metrics, "the validation metrics", opaque),
+            "batch_size": validation.batch_size}
+    identity["fit_identity"] = name
+    extra = getattr(opt, "_identity_extra", None)
+    if extra:
+        identity["caller"] = {k: _rendered(v, k, opaque) for k, v in sorted(extra.items())}
+    return identity
 
 
-def _loss_settings(criterion: Any, training_step: Any) -> dict[str, Any]:
-    """What computes the loss: the criterion's class and settings, the training step's name."""
-    settings: dict[str, Any] = {}
-    if criterion is not None:
-        settings["criterion"] = type(criterion).__qualname__
-        for name in ("reduction", "ignore_index", "label_smoothing", "weight", "pos_weight"):
-            value = getattr(criterion, name, None)
-            if value is not None:
-                settings[name] = _plain(value.tolist() if isinstance(value, torch.Tensor)
-                                        else value)
-    if training_step is not None:
-        settings["training_step"] = getattr(training_step, "__qualname__",
-                                            repr(training_step))
-    return settings
-
-
-def fit_identity(model: nn.Module, optimizer: Any, scheduler: Any, criterion: Any = None,
-                 training_step: Any = None) -> dict[str, Any]:
-    """The optimizer's and scheduler's hyperparameters, the initial weights' hash and what
-    computes the loss (the criterion's class and settings, the training step's name), taken
-    before any checkpoint is restored and before any step."""
-    return {"optimizer": _optimizer_settings(optimizer),
-            "lr_scheduler": _scheduler_settings(scheduler),
-            "initial_weights": _weights_digest(model),
-            "loss": _loss_settings(criterion, training_step)}
+def params_identity(stage: Any, objects: Mapping[str, Any]) -> dict[str, Any]:
+    """What an estimator adds to its engine's identity: its class, every Param's value but
+    those in :data:`PARAMS_NOT_IN_IDENTITY`, and ``objects`` (its factories) by content."""
+    values: dict[str, Any] = {"class": f"{type(stage).__module__}.{type(stage).__qualname__}"}
+    for param in sorted(stage.params, key=lambda p: p.name):
+        if param.name not in PARAMS_NOT_IN_IDENTITY:
+            values[f"Param {param.name}"] = stage.getOrDefault(param)
+    values.update(objects)
+    return values
 
 
 def data_digest(summaries: Sequence[Any]) -> str:
@@ -109,4 +175,4 @@ def data_digest(summaries: Sequence[Any]) -> str:
 def identity_directory(key: dict[str, Any]) -> str:
     """The subdirectory of a checkpoint directory that belongs to the fit with ``key`` (the
     whole resume key): ``fit-<16 hex digits>``."""
-    return "fit-" + hashlib.sha256(repr(_plain(key)).encode()).hexdigest()[:16]
+    return "fit-" + content_digest(key, "the fit's key")[:16]

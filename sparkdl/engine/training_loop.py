@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import NonFiniteError, SparkdlError, permanent_error
+from ..errors import (NonFiniteError, SparkdlError, TrainingDataError, TrainingStepError,
+                      raise_reported)
 from ..executor.process_memory import current_rss_bytes
 from ..executor.step import StepSpec
 from ..transport.allreduce import AllReduceResult
@@ -64,10 +65,10 @@ def _normalize(result: AllReduceResult, batch_size: int, what: str, weighted: bo
     divided by the batch size, and reported their normalisers; dividing by the union batch's
     normaliser (over the batch size) gives the single-process mean loss and its gradient."""
     total = math.fsum(r.normaliser for r in result.reports)
-    if not total > 0:
-        raise SparkdlError(
+    if not total > 0:     # the data's fault (weights, labels), or the step's
+        raise (TrainingStepError if step and not weighted else TrainingDataError)(
             f"{what}: the sample weights of the batch sum to {total}; weights must be >= 0 "
-            "with a positive sum in every batch" if weighted else
+            "with a positive sum in every batch (all-zero weights train nothing)" if weighted else
             f"{what}: the training step's normalisers over the batch sum to {total}: no term of "
             "the batch counts, so its mean loss is undefined. Check the labels' padding, or use "
             "a larger batch." if step else
@@ -105,6 +106,8 @@ class TrainingLoop:
     def run(self) -> None:
         ctx = self.ctx
         per_epoch = ctx.plan.iterations_per_epoch
+        if ctx.validation is not None:
+            ctx.validation.warn_about_threshold(ctx)
         if ctx.iteration > 0:
             last = ctx.summary.iterations[-1].loss if ctx.summary.iterations else None
             state = TrainingState(ctx.iteration, ctx.iteration // per_epoch,
@@ -137,12 +140,8 @@ class TrainingLoop:
         result = run_with_recovery(
             ctx.runner, ctx.train, lambda: ctx.runner.gradients(ctx.train, step, weights),
             lambda r: r.missing_partitions, f"iteration {ctx.iteration + 1}")
-        fatal = next((r for r in result.reports if r.fatal is not None), None)
-        if fatal is not None:       # raised in a task; a retry cannot fix it
-            name, message = fatal.fatal
-            log.error("iteration %d: the task of partition %d raised %s: %s", ctx.iteration + 1,
-                      fatal.partition, name, message)
-            raise permanent_error(name, message)
+        # raised in a task, a retry cannot fix it: reported, raised here as itself
+        raise_reported(result.reports, f"iteration {ctx.iteration + 1}")
         if result.vector is None:
             raise SparkdlError(f"iteration {ctx.iteration + 1}: no partition produced a gradient")
         if ctx.layout.tables and result.rows is None:

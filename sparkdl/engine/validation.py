@@ -19,10 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from ..metrics import ValidationMetric
+from ..errors import raise_reported
+from ..metrics import ValidationMetric, threshold_warning
 from ..triggers import TrainingState, Trigger
 from .recovery import run_with_recovery
 from .run_context import RunContext
+from ..runners.held_data import not_found
 from ..runners.interface import DataHandle, PartitionMetrics
 from .summary import ValidationRecord
 
@@ -42,6 +44,13 @@ class Validation:
     batch_size: int
     held: DataHandle | None = None
 
+    def warn_about_threshold(self, ctx: RunContext) -> None:
+        """Warn, once at the start of a run, when the accuracy's default threshold is likely
+        wrong for the model and the loss (:func:`sparkdl.metrics.threshold_warning`)."""
+        warning = threshold_warning(self.metrics, ctx.model, ctx.criterion)
+        if warning is not None:
+            log.warning("%s", warning)
+
     def run(self, ctx: RunContext, weights: np.ndarray, state: TrainingState
             ) -> ValidationRecord:
         """Evaluate the metrics with ``weights``; the record is appended to ``ctx.summary``."""
@@ -49,13 +58,14 @@ class Validation:
         assert held is not None
 
         def missing(results: list[PartitionMetrics]) -> list[int]:
-            return [r.partition for r in results
-                    if r.sums is None and held.summaries[r.partition].count > 0]
+            return [r.partition for r in results if not_found(r, held)]
 
+        what = f"the validation after iteration {state.iteration}"
         results = run_with_recovery(
             ctx.runner, held,
             lambda: ctx.runner.evaluate(held, weights, self.metrics, self.batch_size),
-            missing, f"the validation after iteration {state.iteration}")
+            missing, what)
+        raise_reported(results, what)    # a permanent error a task reported, as itself
         values: dict[str, float] = {}
         for m, metric in enumerate(self.metrics):
             parts = [r.sums[m] for r in results if r.sums is not None and r.count > 0]

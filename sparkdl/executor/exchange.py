@@ -23,9 +23,10 @@ Example::
 
 Files are never trusted: a payload carries the SHA-256 of its bytes and its file name holds it, a
 task refuses a file whose content does not hash to it (:class:`~sparkdl.errors.ExchangeError`),
-and the driver never reuses a same-named file it did not verify. On local and mounted paths the
-run's directory is ``0700`` and its files ``0600``; on object stores and HDFS the store's own
-access control applies.
+and the driver never reuses a same-named file it did not verify. On local and mounted paths (a
+plain path, ``file:/``, ``file:///`` or ``file://localhost/``:
+:func:`~sparkdl.storage.local_paths.local_path`) the run's directory is ``0700`` and its files
+``0600``; on object stores and HDFS the store's own access control applies.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 
 from ..errors import ExchangeError, InvalidArgumentError
 from ..storage.arrow_files import ArrowFiles
+from ..storage.local_paths import local_path
 from .worker_cache import WorkerCache
 
 __all__ = ["CLOSURE_MAX_BYTES", "FILE_ABOVE_BYTES", "Payload", "Exchange", "check_exchange",
@@ -117,12 +119,14 @@ class Exchange:
 
     def __init__(self, directory: str | None, run_key: str, limit: int = FILE_ABOVE_BYTES
                  ) -> None:
-        if directory and "://" not in directory:   # executors must not resolve it themselves
-            directory = os.path.abspath(directory[5:] if directory.startswith("file:")
-                                        else directory)
+        # a local directory in whichever spelling, as the absolute path it names here (the
+        # executors must not resolve a relative one against their own working directories)
+        local = local_path(directory) if directory else None
+        if local is not None:
+            directory = local
         self.directory = (f"{directory.rstrip('/')}/{run_key}" if directory else None)
         self.run_key = run_key
-        self.local = directory is not None and "://" not in directory
+        self.local = local is not None     # on this machine's file system: kept private
         self.limit = limit
         self._files = ArrowFiles()
         self._written: list[str] = []

@@ -43,6 +43,7 @@ class ReplicaSpec:
     sample_weights: bool = False
     training_step: Any = None       # sparkdl.training_step: replaces criterion(model(*inputs))
     validation_step: Any = None     # replaces model(*inputs) in validation
+    input_names: tuple[str, ...] = ()   # the features' columns (estimators), for id errors
 
 
 def training_modes(model: nn.Module) -> list[bool]:
@@ -77,6 +78,7 @@ class Replica:
         self.padding_value, self.collate = spec.padding_value, spec.collate
         self.sample_weights = spec.sample_weights
         self.training_step, self.validation_step = spec.training_step, spec.validation_step
+        self.input_names = tuple(getattr(spec, "input_names", ()) or ())
         self.train_modes = training_modes(spec.model)
         self.per_sample_criterion = None
         self.refresh_state: Any = None    # its copy of the weights (transport.weight_refresh)

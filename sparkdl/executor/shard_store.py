@@ -42,6 +42,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..data.batch_plan import local_permutation
+from ..errors import permanent_report
 from ..data.ragged import Ragged
 from ..data.records import convert_records
 from .worker_cache import WorkerCache
@@ -77,6 +78,8 @@ class ShardSummary:
     executor_dir: str = ""
     error: str | None = None
     content_hash: str = ""      # of the partition's arrays: a rebuild must reproduce it
+    fatal: tuple[str, str] | None = None   # a permanent sparkdl error (class name, message)
+    # met while building: the driver raises it (sparkdl.errors.permanent_report)
 
 
 class Shard:
@@ -227,15 +230,23 @@ def build_shard(data_key: str, partition: int, records: Iterable[Any],
     "memory", see the module docstring), and summarise them.
 
     Never raises for bad data: the problem is returned in ``ShardSummary.error`` so the driver
-    can raise one clear error before training starts.
+    can raise one clear error before training starts; a permanent sparkdl error (raised by the
+    records' source, e.g. the user's map function) is returned in ``ShardSummary.fatal`` too,
+    so that Spark does not retry the task and the driver raises that very error.
     """
     records = iter(records)
     try:
         feats, labels = convert_records(partition, records, np.dtype(float_dtype), ragged)
-    except (TypeError, ValueError) as exc:
-        for _ in records:  # drain the input so that this Python worker can be reused
+    except Exception as exc:
+        fatal = permanent_report(exc)
+        if fatal is None and not isinstance(exc, (TypeError, ValueError)):
+            raise
+        try:
+            for _ in records:  # drain the input so that this Python worker can be reused
+                pass
+        except Exception:      # a later record fails too: this worker is just not reused
             pass
-        return ShardSummary(partition=partition, error=str(exc))
+        return ShardSummary(partition=partition, error=str(exc), fatal=fatal)
     summary = summarize_arrays(partition, feats, labels)
     if place == "memory":
         _SHARDS.put((data_key, partition), Shard(feats, labels))

@@ -32,12 +32,13 @@ from ..training_step import step_loss_sums, step_loss_terms
 from ..transport.table_rows import Rows, sum_rows
 from ..transport.weight_refresh import Refresh, sync_replica
 from ..metrics import ValidationMetric, uses_step_loss
+from .id_checks import IdOrigin, argument_names, checked_ids
 from .process_memory import current_rss_bytes
 from .replicas import Replica, set_training_modes
 from .shard_store import Shard
 from .sub_replicas import run_sub_replicas, sub_shares
 
-__all__ = ["StepSpec", "TaskReport", "compute_gradient", "compute_metric_sums",
+__all__ = ["StepSpec", "TaskReport", "PartitionMetrics", "compute_gradient", "compute_metric_sums",
            "set_task_threads", "as_model_input", "autocast"]
 
 
@@ -84,6 +85,18 @@ class TaskReport:
     table_rows: dict[int, Rows] | None = None   # the embedding tables' gradient rows, by
     # parameter index (sparkdl.transport.table_rows); the shuffle moves them into its blocks
     full_read: bool = False    # the replica read the full weights (new, restarted or evicted)
+
+
+@dataclass(frozen=True)
+class PartitionMetrics:
+    """One partition's validation sums (None when its data was not found) and sample count;
+    ``fatal``: the permanent error its task met (class name, message), reported in place of
+    being raised so that Spark does not retry it (:func:`sparkdl.errors.permanent_report`)."""
+
+    partition: int
+    sums: list[np.ndarray] | None
+    count: int
+    fatal: tuple[str, str] | None = None
 
 
 def set_task_threads(sub_replicas: int = 1) -> None:
@@ -245,7 +258,9 @@ def _share_gradient(step: StepSpec, partition: int, shard: Shard, replica: Repli
             features = apply_transform(augment, features, rng)
         inputs, target = _to_tensors(features, labels, layout.param_dtype, replica.device,
                                      replica)
-        with autocast(step.precision, replica.device):
+        origin = IdOrigin(argument_names(features, replica.input_names, replica.collate),
+                          partition, chunk)
+        with autocast(step.precision, replica.device), checked_ids(model, inputs, origin):
             if replica.training_step is not None:       # the user's own step (its own calls)
                 loss, multiplier, normaliser = step_loss_terms(replica.training_step, model,
                                                                inputs, target)
@@ -282,8 +297,10 @@ def _share_gradient(step: StepSpec, partition: int, shard: Shard, replica: Repli
 
 def compute_metric_sums(shard: Shard | None, replica: Replica, weights: np.ndarray,
                         metrics: Sequence[ValidationMetric], batch_size: int,
-                        precision: str = "32") -> tuple[list[np.ndarray] | None, int]:
-    """Metric sums over all of a partition's validation samples (None if its shard is gone)."""
+                        precision: str = "32", partition: int | None = None
+                        ) -> tuple[list[np.ndarray] | None, int]:
+    """Metric sums over all of a partition's validation samples (None if its shard is gone);
+    ``partition`` names it in an error."""
     if shard is None:
         return None, 0
     model = replica.model
@@ -302,14 +319,17 @@ def compute_metric_sums(shard: Shard | None, replica: Replica, weights: np.ndarr
                 features = features[:-1]
             inputs, target = _to_tensors(features, labels, replica.layout.param_dtype,
                                          replica.device, replica)
+            origin = IdOrigin(argument_names(features, replica.input_names, replica.collate),
+                              partition, idx, "validation")
             output = None
             if needs_output:
-                with autocast(precision, replica.device):
+                with autocast(precision, replica.device), checked_ids(model, inputs, origin):
                     output = (replica.validation_step(model, inputs, target)
                               if replica.validation_step is not None else model(*inputs))
             for m, metric in enumerate(metrics):
                 if uses_step_loss(metric, replica.criterion, replica.training_step):
-                    with autocast(precision, replica.device):   # the step's own model calls
+                    with autocast(precision, replica.device), \
+                            checked_ids(model, inputs, origin):   # the step's own model calls
                         part = step_loss_sums(replica.training_step, model, inputs, target)
                 else:
                     part = metric.partial(output, target, replica.criterion)

@@ -6,6 +6,10 @@ broadcast handles), never as copies of module state. They connect Spark's task c
 partition index, the attempt number, the task's cores) to the plain computations of
 :mod:`sparkdl.executor.step`, the replica cache and the shard store.
 
+Every kind (gradient, validation, shard build, fill) reports a permanent sparkdl error in its
+result instead of raising it (:func:`sparkdl.errors.permanent_report`): the task succeeds, Spark
+does not retry what cannot succeed, and the driver raises the same class with the same message.
+
 Example::
 
     task = GradientTask(run_key, data_key, step, spec_broadcast, refresh)
@@ -20,14 +24,15 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import SparkdlError
+from ..errors import SparkdlError, permanent_report
 from ..metrics import ValidationMetric
 from ..transport.weight_refresh import Refresh
 from .devices import task_device
 from .live_runs import LiveRuns, evict_finished
 from .replicas import Replica, drop_replica, get_replica
 from .shard_store import ShardSummary, build_shard, drop_run, open_shard
-from .step import StepSpec, TaskReport, compute_gradient, compute_metric_sums, set_task_threads
+from .step import (PartitionMetrics, StepSpec, TaskReport, compute_gradient,
+                   compute_metric_sums, set_task_threads)
 
 __all__ = ["PickledSpec", "GradientTask", "EvaluationTask", "ShardBuildTask", "CleanupTask",
            "FillTask"]
@@ -84,10 +89,10 @@ class GradientTask:
             vector, report = compute_gradient(self.step, partition, shard, replica, weights,
                                               attempt=_attempt())
         except SparkdlError as exc:
-            if not exc.permanent:
+            fatal = permanent_report(exc)
+            if fatal is None:
                 raise
-            return None, TaskReport(partition=partition, attempt=_attempt(),
-                                    fatal=(type(exc).__name__, str(exc)))
+            return None, TaskReport(partition=partition, attempt=_attempt(), fatal=fatal)
         report.device = f"{choice.device} ({choice.reason})"
         return vector, report
 
@@ -107,29 +112,35 @@ class EvaluationTask:
     precision: str = "32"
     live: LiveRuns | None = None
 
-    def __call__(self, partition: int, records: Iterator[Any]
-                 ) -> Iterator[tuple[int, list[np.ndarray] | None, int]]:
+    def __call__(self, partition: int, records: Iterator[Any]) -> Iterator[PartitionMetrics]:
         evict_finished(self.live)
         for _ in records:
             pass
         yield self.compute(partition, open_shard(self.data_key, partition))
 
-    def compute(self, partition: int, shard: Any
-                ) -> tuple[int, list[np.ndarray] | None, int]:
-        """``(partition, metric sums, count)`` on ``shard`` (None: not here, sums None)."""
+    def compute(self, partition: int, shard: Any) -> PartitionMetrics:
+        """The metric sums on ``shard`` (None: not here, sums None). A permanent sparkdl error
+        is reported in ``fatal``, not raised, as in :meth:`GradientTask.compute`."""
         if shard is None:
-            return partition, None, 0
-        set_task_threads()
-        replica = get_replica(self.run_key, PickledSpec(self.spec),
-                              task_device(self.device).device)
-        sums, count = compute_metric_sums(shard, replica, self.weights.value, self.metrics,
-                                          self.batch_size, self.precision)
-        return partition, sums, count
+            return PartitionMetrics(partition, None, 0)
+        try:
+            set_task_threads()
+            replica = get_replica(self.run_key, PickledSpec(self.spec),
+                                  task_device(self.device).device)
+            sums, count = compute_metric_sums(shard, replica, self.weights.value, self.metrics,
+                                              self.batch_size, self.precision, partition)
+        except SparkdlError as exc:
+            fatal = permanent_report(exc)
+            if fatal is None:
+                raise
+            return PartitionMetrics(partition, None, 0, fatal)
+        return PartitionMetrics(partition, sums, count)
 
 
 @dataclass
 class ShardBuildTask:
-    """The build job's function: converts a partition into a shard, yields its summary."""
+    """The build job's function: converts a partition into a shard, yields its summary (bad
+    records and permanent sparkdl errors reported in it: :func:`build_shard`)."""
 
     data_key: str
     float_dtype: str
@@ -148,7 +159,8 @@ class FillTask:
     """A fill job's function over the *input* RDD, for partitions whose task found no shard
     where it ran: builds the shard where this task runs (so later jobs there find it), then
     computes what ``task`` (a :class:`GradientTask` or :class:`EvaluationTask`) computes on it.
-    Yields ``(summary, task.compute(partition, shard))``."""
+    Yields ``(summary, task.compute(partition, shard))``; both report permanent errors, so a
+    fill task never fails for one."""
 
     build: ShardBuildTask
     task: Any

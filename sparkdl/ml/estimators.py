@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
+from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.util import MLReadable, MLWritable
 from pyspark.sql import DataFrame
 from torch import nn
@@ -33,12 +34,15 @@ from ..data.dataframe_arrays import (check_label_column, check_weight_column, fe
                                      frame_blocks, input_expressions, numpy_float_dtype)
 from ..data.dataframe_partitions import default_parallelism
 from ..engine.distri_optimizer import DistriOptimizer
+from ..engine.fit_identity import params_identity
 from ..engine.optimizer_sequence import as_optimizer
 from ..engine.rng_isolation import private_torch_rng
 from ..executor.step import as_model_input
 from ..losses import CLASS_INDEX_LOSSES, IGNORE_INDEX
 from ..metrics import prediction_tensor
-from ..errors import InvalidArgumentError, ModelCriterionMismatchError, TrainingDataError
+from ..data.input_record import FittedInput, check_transform_inputs, fitted_inputs
+from ..errors import (EmptyDataError, InvalidArgumentError, ModelCriterionMismatchError,
+                      TrainingDataError)
 from ..storage.file_systems import is_connect_session
 from ..executor.exchange import check_exchange
 from ..transport.flat_layout import ParamLayout
@@ -111,6 +115,15 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
 
     _classifier = False
 
+    lrScheduler = Param(Params._dummy(), "lrScheduler",
+                        "optional optimizer -> torch LR scheduler, stepped after every epoch (a "
+                        "Param, so a tuning grid can choose among schedulers; kept in the "
+                        "saved stage's objects.pkl, not in its JSON metadata)")
+    fitIdentity = Param(Params._dummy(), "fitIdentity",
+                        "a name for this fit's checkpoints that stands for what sparkdl cannot "
+                        "hash (a function closing over a lock or a session); \"\": none needed",
+                        typeConverter=TypeConverters.toString)
+
     @keyword_only
     def __init__(self, *, model: ModelSpec | None = None, criterion: Any = None,
                  preprocess: Any = None, optimizerFactory: Any = None, augment: Any = None,
@@ -118,6 +131,7 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
                  trainingStep: Any = None, validationStep: Any = None,
                  **params: Any) -> None:
         super().__init__()
+        self._setDefault(lrScheduler=None, fitIdentity="")
         self._set_objects(model, criterion, preprocess, optimizerFactory, augment, lrScheduler,
                           initialModel, collate, trainingStep, validationStep)
         unknown = sorted(set(params) - {p.name for p in self.params})
@@ -146,9 +160,34 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
                                            f"Got {type(value).__name__} instead.")
         self.model_spec, self.criterion = model, criterion
         self.preprocess, self.optimizer_factory = preprocess, optimizer_factory
-        self.augment, self.lr_scheduler, self.collate = augment, lr_scheduler, collate
+        self.augment, self.collate = augment, collate
+        self._set(lrScheduler=lr_scheduler)
         self.training_step, self.validation_step = training_step, validation_step
         self.initial_weights = _initial_weights(owner, initial_model)
+
+    @property
+    def lr_scheduler(self) -> Any:
+        """The ``lrScheduler`` Param's factory (None: no scheduler)."""
+        return self.getOrDefault("lrScheduler")
+
+    def setLrScheduler(self, value: Any) -> "_NNEstimatorBase":
+        """Sets :py:attr:`lrScheduler` (``optimizer -> scheduler``, or None)."""
+        if value is not None and not callable(value):
+            raise InvalidArgumentError(f"The 'lrScheduler' Param of {type(self).__name__} must "
+                                       f"be callable. Got {type(value).__name__} instead.")
+        return self._set(lrScheduler=value)
+
+    def getLrScheduler(self) -> Any:
+        """Gets the value of :py:attr:`lrScheduler` or its default value (None)."""
+        return self.getOrDefault("lrScheduler")
+
+    def setFitIdentity(self, value: str) -> "_NNEstimatorBase":
+        """Sets :py:attr:`fitIdentity`."""
+        return self._set(fitIdentity=value)
+
+    def getFitIdentity(self) -> str:
+        """Gets the value of :py:attr:`fitIdentity` or its default value (\"\")."""
+        return self.getOrDefault("fitIdentity")
 
     def _fresh_model(self) -> nn.Module:
         spec = self.model_spec
@@ -176,7 +215,7 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
         get = self.getOrDefault
         sources = _input_sources(self, dataset)
         label_col = get("labelCol")
-        check_label_column(dataset.schema, label_col)
+        check_label_column(dataset.schema, label_col, self._classifier)
         weight_col = get("weightCol")
         if weight_col:
             check_weight_column(dataset.schema, weight_col)
@@ -186,9 +225,8 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
                     "the weight column as the last of inputCols instead, and return "
                     "(weighted loss sum, sum of the weights) from the step.")
         indicator = get("validationIndicatorCol")
-        if indicator and indicator not in dataset.columns:
-            raise InvalidArgumentError(f"Column '{indicator}' (validationIndicatorCol) does not "
-                                       f"exist; the DataFrame has columns {dataset.columns}.")
+        if indicator:
+            _check_indicator_column(dataset.schema, indicator)
         with private_torch_rng(get("seed")):   # the same initial weights on any thread
             model = self._fresh_model()
         if self.initial_weights is not None:
@@ -240,17 +278,31 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
                                  validation_step=self.validation_step,
                                  sub_replicas=get("subReplicas") or None)
         engine._needs_prediction = True       # transform reads model(*inputs)
+        # the fit identity of its checkpoints: the engine's own, plus every Param and the
+        # optimizer factory (preprocess is identified by the data it produces)
+        engine._identity_extra = params_identity(self, {
+            "optimizerFactory": self.optimizer_factory})
+        if get("fitIdentity"):
+            engine.set_fit_identity(get("fitIdentity"))
+        engine._input_names = tuple(s.name for s in sources)   # named in id range errors
         if get("tensorboardDir"):
             engine.set_tensorboard(get("tensorboardDir"))
         configure_engine(self, engine, None if val_df is None else blocks(val_df))
         try:
             trained = engine.optimize()
+        except EmptyDataError as exc:
+            raise EmptyDataError(_empty_data_message(dataset, indicator, exc.what),
+                                 exc.what) from exc
         except (TrainingDataError, ModelCriterionMismatchError) as exc:
             names = ", ".join(f"'{s.name}'" for s in sources)
+            weights = f", weights: column '{weight_col}'" if weight_col else ""
             raise type(exc)(f"{exc} (features: column{'s' if len(sources) > 1 else ''} {names}, "
-                            f"labels: column '{label_col}')") from exc
+                            f"labels: column '{label_col}'{weights})") from exc
         fitted = self._model_class()(trained, self.preprocess, self.collate)
         fitted.output_size = _output_size(trained, engine)
+        fitted.input_record = fitted_inputs(sources, dataset.schema,
+                                            engine.data_spec.feature_shapes,
+                                            self.preprocess is None)
         fitted._resetUid(self.uid)
         self._copyValues(fitted)
         fitted.summary_frame = _epoch_summary(engine)
@@ -286,6 +338,42 @@ def _initial_weights(owner: str, initial: Any) -> dict[str, torch.Tensor] | None
                                    "model (NNModel, NNClassifierModel, a torch.nn.Module) or a "
                                    f"state dict. Got {type(initial).__name__} instead.")
     return {k: v.detach().clone() for k, v in state.items()}
+
+
+def _check_indicator_column(schema: Any, indicator: str) -> None:
+    """``validationIndicatorCol`` names a boolean column, before any Spark job."""
+    from pyspark.sql.types import BooleanType
+
+    if indicator not in schema.fieldNames():
+        raise InvalidArgumentError(f"Column '{indicator}' (validationIndicatorCol) does not "
+                                   f"exist; the DataFrame has columns {schema.fieldNames()}.")
+    dtype = schema[indicator].dataType
+    if not isinstance(dtype, BooleanType):
+        raise InvalidArgumentError(
+            f"validationIndicatorCol '{indicator}' must be boolean (true for the validation "
+            f"rows); it is {dtype.simpleString()}. Cast it: "
+            f"df.withColumn('{indicator}', F.col('{indicator}').cast('boolean')).")
+
+
+def _empty_data_message(dataset: DataFrame, indicator: str, what: str) -> str:
+    """Why a fit has no training (or validation) rows, in the DataFrame's terms: one counting
+    job, on this error path only."""
+    from pyspark.sql import functions as F
+
+    if not indicator:
+        return "The DataFrame given to fit has no rows: nothing to train on."
+    flag = F.col(indicator)
+    rows, true, false = dataset.agg(F.count(F.lit(1)), F.count(F.when(flag, 1)),
+                                    F.count(F.when(~flag, 1))).first()
+    if rows == 0:
+        return "The DataFrame given to fit has no rows: nothing to train on."
+    nulls = rows - true - false
+    side = "true" if what == "training" else "false"
+    counts = (f"is {side} for all {rows} rows" if (true if what == "training" else false) == rows
+              else f"is true for {true}, false for {false} and null for {nulls} of the {rows} "
+                   "rows (null rows are in neither set)")
+    need = "nothing left to train on" if what == "training" else "no row to validate on"
+    return f"validationIndicatorCol '{indicator}' {counts}: {need}."
 
 
 def _input_sources(stage: Any, dataset: DataFrame) -> list[Any]:
@@ -343,6 +431,10 @@ class _NNModelBase(Model, MLWritable, MLReadable):
         self.collate = collate
         self.summary_frame: Any = None
         self.output_size = 0
+        self.input_record: list[FittedInput] | None = None
+        """What the fit saw of its input columns (:mod:`sparkdl.data.input_record`), which
+        ``transform`` checks its DataFrame against; None (no check) for a model built
+        directly or saved before the record existed."""
         self.mlflow_run_id: str | None = None
         """The MLflow run the fit logged to (``mlflowLogging``), else None."""
         self.training_example: list[np.ndarray] | None = None
@@ -385,14 +477,16 @@ class _NNModelBase(Model, MLWritable, MLReadable):
         from pyspark.sql import functions as F
 
         get = self.getOrDefault
-        sources = _input_sources(self, dataset)
+        sources = check_transform_inputs(self.input_record, _input_sources(self, dataset),
+                                         dataset.schema)
         assert self.module is not None
         single = self._single_output()
         udf = predict_column(self.module, sources, get("featureShape"), self.preprocess,
                              get("inferenceBatchSize"), self._classifier, single,
                              get("device"), get("precision"), int(self.output_size or 1),
                              get("paddingValue"), self.collate,
-                             self._model_exchange(dataset.sparkSession))
+                             self._model_exchange(dataset.sparkSession),
+                             [r.width for r in self.input_record] if self.input_record else None)
         float_type = "double" if numpy_float_dtype(self.module) == np.float64 else "float"
         tmp = "_sparkdl_output"
         out = dataset.withColumn(tmp, udf(*input_expressions(sources, float_type)))

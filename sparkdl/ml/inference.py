@@ -15,7 +15,10 @@ import pyarrow as pa
 import torch
 
 from ..data.dataframe_arrays import FeatureSource, arrow_inputs, numpy_float_dtype
+from ..data.input_record import check_widths
 from ..data.ragged import Ragged, model_arguments
+from ..errors import InvalidArgumentError
+from ..executor.id_checks import IdOrigin, argument_names, checked_ids
 from ..executor.devices import task_device
 from ..executor.step import as_model_input, autocast, set_task_threads
 from ..executor.worker_cache import WorkerCache
@@ -45,9 +48,12 @@ def _cached_model(key: str, payload: Payload, device: str) -> torch.nn.Module:
 
 def _outputs(model: torch.nn.Module, xs: Sequence[Any], batch_size: int,
              device: torch.device, precision: str, width: int,
-             padding_value: float = 0.0, collate: Any = None) -> np.ndarray:
+             padding_value: float = 0.0, collate: Any = None,
+             names: Sequence[str] = ()) -> np.ndarray:
     """The model's outputs on the rows of ``xs`` (one array per input), ``width`` values per
-    row (used for an empty batch, which the model is not called on)."""
+    row (used for an empty batch, which the model is not called on); embedding ids out of
+    their table's range raise :class:`~sparkdl.errors.InvalidArgumentError` naming the column
+    (``names``: the inputs' columns)."""
     set_task_threads()
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     chunks = []
@@ -59,9 +65,19 @@ def _outputs(model: torch.nn.Module, xs: Sequence[Any], batch_size: int,
                         for x in xs]   # new arrays (fancy indexing copies)
             batch = [as_model_input(a, dtype).to(device)
                      for a in model_arguments(features, padding_value, collate)]
-            out = prediction_tensor(model(*batch))
+            origin = IdOrigin(argument_names(features, names, collate), _partition(),
+                              what="transform", error=InvalidArgumentError)
+            with checked_ids(model, batch, origin):
+                out = prediction_tensor(model(*batch))
             chunks.append(out.double().reshape(out.shape[0], -1).cpu().numpy())
     return np.concatenate(chunks) if chunks else np.zeros((0, width))
+
+
+def _partition() -> int | None:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return ctx.partitionId() if ctx is not None else None
 
 
 def _list_array(m: np.ndarray) -> pa.Array:
@@ -76,7 +92,8 @@ def predict_column(model: torch.nn.Module, sources: Sequence[FeatureSource],
                    preprocess: Callable[[np.ndarray], np.ndarray] | None, batch_size: int,
                    classifier: bool, single_output: bool, device: str = "auto",
                    precision: str = "32", width: int = 1, padding_value: float = 0.0,
-                   collate: Any = None, exchange_dir: str | None = None) -> Any:
+                   collate: Any = None, exchange_dir: str | None = None,
+                   widths: Sequence[int | None] | None = None) -> Any:
     """An Arrow UDF mapping the input columns (``input_expressions(sources)``) to the model's
     outputs (``width`` values per row).
 
@@ -85,7 +102,8 @@ def predict_column(model: torch.nn.Module, sources: Sequence[FeatureSource],
     Otherwise: ``double`` when the model has one output per row, else ``array<double>``.
     With ``exchange_dir`` (Spark Connect) a model above the closure limit reaches the tasks as
     a file there (:mod:`sparkdl.executor.exchange`), not inside the UDF; the file stays for
-    the lazy DataFrame's later evaluations.
+    the lazy DataFrame's later evaluations. ``widths``: the values per row of each input the
+    model was fitted on (:mod:`sparkdl.data.input_record`), checked before the model runs.
     """
     from pyspark import cloudpickle
     from pyspark.sql.functions import arrow_udf
@@ -96,6 +114,8 @@ def predict_column(model: torch.nn.Module, sources: Sequence[FeatureSource],
     shape = list(feature_shape)
     sources = list(sources)
     float_dtype = numpy_float_dtype(model)
+    names = [s.name for s in sources]
+    widths = list(widths) if widths else None
     if classifier:
         return_type = "struct<raw: array<double>, probability: array<double>, prediction: double>"
     else:
@@ -106,9 +126,11 @@ def predict_column(model: torch.nn.Module, sources: Sequence[FeatureSource],
         net = _cached_model(key, payload, target)   # payload.read(): once per worker
         for columns in batches:
             columns = columns if isinstance(columns, tuple) else (columns,)
+            if widths:
+                check_widths(columns, sources, widths)
             xs = arrow_inputs(columns, sources, shape, preprocess, float_dtype)
             out = _outputs(net, xs, batch_size, torch.device(target), precision, width,
-                           padding_value, collate)
+                           padding_value, collate, names)
             if classifier:
                 if out.shape[1] == 1:  # one logit: binary classification
                     p1 = 1.0 / (1.0 + np.exp(-out[:, 0]))

@@ -65,7 +65,9 @@ def fit_multiple(estimator: Any, dataset: Any, param_maps: Sequence[Any]) -> Ite
 def stage_params(stage: Any, engine: Any) -> dict[str, Any]:
     """Every Param of ``stage`` (set or default) plus the classes of the model and criterion
     and, when given, the optimizer factory's name."""
-    params: dict[str, Any] = {p.name: v for p, v in stage.extractParamMap().items()}
+    params: dict[str, Any] = {p.name: getattr(v, "__qualname__", type(v).__name__)
+                              if callable(v) else v
+                              for p, v in stage.extractParamMap().items()}
     params["model"] = type(engine.model).__name__
     params["criterion"] = (type(engine.criterion).__name__ if engine.criterion is not None
                            else None)

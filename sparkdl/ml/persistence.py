@@ -5,7 +5,11 @@ factory, criterion, preprocessing function, optimizer factory, augmentation and 
 validation steps, cloudpickled). A fitted model
 saves its Params, ``weights.pt`` (a plain ``torch.save`` of the state_dict, loadable without
 Spark: ``torch.load(path + "/weights.pt", weights_only=True)``), ``module.pkl`` (the
-architecture) and its per-epoch summary. Loading checks that the saved class is the one asked for.
+architecture), its per-epoch summary and what its fit saw of the input columns
+(:mod:`sparkdl.data.input_record`, which ``transform`` checks; absent from older saves). Saving
+to a path that holds anything, without ``overwrite()``, is refused before anything is written.
+Loading checks that the path holds a saved stage (``metadata/``) and that the saved class is the
+one asked for.
 
 The metadata is written by Spark (a DataFrame write, so on the cluster's file system); the other
 files through the JVM's Hadoop FileSystem on a classic session and through ``pyarrow.fs`` under
@@ -24,6 +28,7 @@ from typing import Any
 import torch
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
 
+from ..data.input_record import record_from_json
 from ..errors import InvalidArgumentError
 from ..storage.file_systems import files_for_session, is_connect_session
 
@@ -45,6 +50,15 @@ def _current_name(qualname: str) -> str:
 
 
 def _load_metadata(path: str, spark: Any, cls: type) -> dict[str, Any]:
+    names = files_for_session(spark).names(path)
+    if "metadata" not in names:
+        if not names:
+            raise InvalidArgumentError(f"Cannot load a {cls.__name__} from {path!r}: the path "
+                                       "does not exist or is empty.")
+        shown = ", ".join(sorted(names)[:5]) + (", ..." if len(names) > 5 else "")
+        raise InvalidArgumentError(f"{path!r} is not a saved sparkdl stage (no metadata/): it "
+                                   f"holds {shown}. Load the directory a stage's "
+                                   "write().save(path) wrote.")
     metadata = DefaultParamsReader.loadMetadata(path, spark)
     if _current_name(metadata["class"]) != _qualname(cls):
         raise InvalidArgumentError(f"{path} holds a {metadata['class']}, not a "
@@ -62,6 +76,15 @@ class _StageWriter(MLWriter):
     @property
     def files(self) -> Any:
         return files_for_session(self.sparkSession)
+
+    def save(self, path: str) -> None:
+        """Save the stage to ``path``; without ``overwrite()`` a path that holds anything is
+        refused before anything is written (what is there stays intact)."""
+        if not self.shouldOverwrite and self.files.names(path):
+            raise InvalidArgumentError(
+                f"Cannot save the {type(self.instance).__name__} to {path!r}: the path already "
+                f"exists. To replace it, save with write().overwrite().save({path!r}).")
+        super().save(path)
 
     def _handleOverwrite(self, path: str) -> None:
         if is_connect_session(self.sparkSession):   # Spark's own way goes through py4j
@@ -88,7 +111,11 @@ class NNStageWriter(_StageWriter):
     def saveImpl(self, path: str) -> None:
         from pyspark import cloudpickle
 
-        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession)
+        # the lrScheduler Param holds a function: it travels in objects.pkl, not in the JSON
+        json_params = {p.name: v for p, v in self.instance._paramMap.items()
+                       if p.name != "lrScheduler"}
+        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession,
+                                         paramMap=json_params)
         objects = {"model": self.instance.model_spec, "criterion": self.instance.criterion,
                    "preprocess": self.instance.preprocess,
                    "optimizer_factory": self.instance.optimizer_factory,
@@ -125,8 +152,10 @@ class NNModelWriter(_StageWriter):
         from pyspark import cloudpickle
 
         frame = self.instance.summary_frame
+        record = getattr(self.instance, "input_record", None)
         extra = {"output_size": int(getattr(self.instance, "output_size", 0) or 0),
-                 "summary": frame.to_dict(orient="records") if frame is not None else []}
+                 "summary": frame.to_dict(orient="records") if frame is not None else [],
+                 "inputs": [r.to_json() for r in record] if record else None}
         DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession,
                                           extraMetadata=extra)
         buf = io.BytesIO()
@@ -176,5 +205,7 @@ class NNModelReader(_StageReader):
         DefaultParamsReader.getAndSetParams(instance, metadata)
         instance._resetUid(metadata["uid"])
         instance.output_size = metadata.get("output_size", 0)
+        instance.input_record = record_from_json(metadata.get("inputs"))   # None: saved before
+        # records (transform then checks nothing against the fit)
         instance.summary_frame = pd.DataFrame(metadata.get("summary", []))
         return instance

@@ -61,7 +61,7 @@ from ..executor.exchange import Exchange, Payload, check_exchange
 from ..transport.flat_layout import ParamLayout
 from ..transport.weight_refresh import StateVersion
 from .cached_rdd import lost_data_reason, memory_kill_reason, shard_place
-from .held_data import HeldData, complete_misses
+from .held_data import HeldData, complete_misses, not_found
 from .interface import PartitionMetrics, RunnerOptions
 
 __all__ = ["ConnectData", "ConnectDataFrameRunner"]
@@ -374,13 +374,12 @@ class ConnectDataFrameRunner:
                                   live=live_runs())
             rows = {p: result for p, (_, result) in _results(data.index.mapInArrow(
                 ArrowEvaluate(task), RESULT_SCHEMA).toArrow()).items()}
-            missing = [p for p, (_, sums, _) in rows.items()
-                       if sums is None and data.summaries[p].count > 0]
+            missing = [p for p, row in rows.items() if not_found(row, data)]
             if missing:
                 rows.update(data.fill(missing, task))
         finally:
             self._exchange.discard(payload)
-        return [PartitionMetrics(p, sums, n) for p, sums, n in (rows[q] for q in sorted(rows))]
+        return [rows[p] for p in sorted(rows)]
 
     def lost_data_reason(self, exc: BaseException) -> str | None:
         return lost_data_reason(exc)

@@ -23,12 +23,14 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from ..errors import SparkdlError, TrainingDataError
+from ..errors import SparkdlError, TrainingDataError, raise_reported
 from ..executor.live_runs import live_runs, new_key
 from ..executor.shard_store import ShardSummary
+from ..executor.step import PartitionMetrics
+from .interface import DataHandle
 from ..executor.tasks import ShardBuildTask
 
-__all__ = ["HeldData", "check_unchanged", "complete_misses"]
+__all__ = ["HeldData", "check_unchanged", "complete_misses", "not_found"]
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +102,11 @@ class HeldData:
         raise NotImplementedError
 
     def build(self) -> list[ShardSummary]:
-        """Convert every partition into a shard on its executor (one job)."""
+        """Convert every partition into a shard on its executor (one job); raise the first
+        permanent sparkdl error a build task reported
+        (:func:`sparkdl.errors.raise_reported`)."""
         self.summaries = sorted(self._build(), key=lambda s: s.partition)
+        raise_reported(self.summaries, f"building the {self.name} shards")
         log.info("%s data: %d samples in %d partitions held as shards on the executors",
                  self.name, sum(s.count for s in self.summaries), len(self.summaries))
         return self.summaries
@@ -130,6 +135,8 @@ class HeldData:
         self.placement_misses += len(wanted)
         rows = self._fill(wanted, task, resources)
         self.shards_rebuilt += len(rows)
+        raise_reported([summary for _, (summary, _) in sorted(rows.items())],
+                       f"filling the {self.name} shards {wanted}")
         for p, (summary, _) in sorted(rows.items()):
             check_unchanged(self.name, self.summaries[p], summary, self.rebuild_hint)
             if summary.error is not None:
@@ -139,6 +146,13 @@ class HeldData:
                  "their tasks ran (%d shards rebuilt so far)", self.name, wanted, len(rows),
                  self.shards_rebuilt)
         return {p: result for p, (_, result) in rows.items()}
+
+
+def not_found(metrics: PartitionMetrics, data: DataHandle) -> bool:
+    """Whether a validation task found no shard of its partition where it ran (not one that
+    met a permanent error: that is raised, never filled)."""
+    return (metrics.sums is None and metrics.fatal is None
+            and data.summaries[metrics.partition].count > 0)
 
 
 Filled = dict[int, Any]

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..executor.replicas import ReplicaSpec
 from ..executor.shard_store import ShardSummary
-from ..executor.step import StepSpec
+from ..executor.step import PartitionMetrics, StepSpec
 from ..metrics import ValidationMetric
 from ..transport.allreduce import AllReduceResult
 from ..transport.flat_layout import ParamLayout
@@ -66,15 +66,6 @@ class RunnerOptions:
     precision: str = "32"
 
 
-@dataclass(frozen=True)
-class PartitionMetrics:
-    """One partition's validation sums (None when its data was not found) and sample count."""
-
-    partition: int
-    sums: list[np.ndarray] | None
-    count: int
-
-
 class IterationRunner(Protocol):
     """Runs the loop's jobs (see the module docstring)."""
 
@@ -96,7 +87,8 @@ class IterationRunner(Protocol):
              ragged: tuple[int, ...] = ()) -> DataHandle:
         """Hold ``data`` as per-partition shards where the tasks run (one job); inputs in
         ``ragged`` are variable-length; bad records are reported in the summaries' ``error``,
-        never raised here."""
+        never raised here (a permanent sparkdl error a build task reported is raised, as its
+        class with its message)."""
 
     def start(self, spec: ReplicaSpec, layout: ParamLayout, options: RunnerOptions,
               train: DataHandle) -> str:
@@ -113,7 +105,8 @@ class IterationRunner(Protocol):
     def evaluate(self, data: DataHandle, weights: np.ndarray,
                  metrics: Sequence[ValidationMetric], batch_size: int
                  ) -> list[PartitionMetrics]:
-        """Metric sums of every partition of ``data``, in partition order."""
+        """Metric sums of every partition of ``data``, in partition order; a partition whose
+        task met a permanent error carries it in ``fatal`` (the caller raises it)."""
 
     def lost_data_reason(self, exc: BaseException) -> str | None:
         """The line saying that a failed job lost runner-held data (a rebuild repairs it), or

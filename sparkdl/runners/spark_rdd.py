@@ -29,7 +29,7 @@ import numpy as np
 from ..executor.live_runs import live_runs, new_key, release_key
 from .cached_rdd import (CachedData, clean_workers, lost_data_reason, memory_kill_reason,
                          shard_place)
-from .held_data import complete_misses
+from .held_data import complete_misses, not_found
 from .interface import PartitionMetrics, RunnerOptions
 from ..executor.replicas import ReplicaSpec
 from ..executor.step import StepSpec
@@ -172,15 +172,14 @@ class SparkRddRunner:
             task = EvaluationTask(self.run_key, data.data_key, self._spec_bc, weights_bc,
                                   list(metrics), batch_size, self._options.device,
                                   self._options.precision, live=live_runs())
-            rows = {row[0]: row for row in with_resources(
+            rows = {row.partition: row for row in with_resources(
                 data.index_rdd.mapPartitionsWithIndex(task), self._resources).collect()}
-            missing = [p for p, (_, sums, _) in rows.items()
-                       if sums is None and data.summaries[p].count > 0]
+            missing = [p for p, row in rows.items() if not_found(row, data)]
             if missing:
                 rows.update(data.fill(missing, task, self._resources))
         finally:
             weights_bc.destroy(blocking=False)
-        return [PartitionMetrics(p, sums, n) for p, sums, n in (rows[q] for q in sorted(rows))]
+        return [rows[p] for p in sorted(rows)]
 
     def lost_data_reason(self, exc: BaseException) -> str | None:
         return lost_data_reason(exc)

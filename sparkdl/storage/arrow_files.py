@@ -1,8 +1,9 @@
 """Whole files through ``pyarrow.fs``: the file access of Spark Connect runs, where the client
 has no JVM (checkpoints, saved stages, the exchange directory of large weights).
 
-A path is resolved by ``pyarrow.fs.FileSystem.from_uri``: plain and ``file://`` paths are local
-(or a mount the cluster shares: NFS, a FUSE-mounted bucket), ``s3://``, ``gs://``, ``abfs://``
+A path is resolved by :func:`~sparkdl.storage.local_paths.local_path` (plain paths, ``file:/``,
+``file:///`` and ``file://localhost/`` are local, or a mount the cluster shares: NFS, a
+FUSE-mounted bucket) and otherwise by ``pyarrow.fs.FileSystem.from_uri``: ``s3://``, ``gs://``, ``abfs://``
 and ``hdfs://`` (with libhdfs) reach those stores. The same path must name the same place from the
 client and from the executors, as with any path Spark is given.
 
@@ -18,20 +19,20 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
+from .local_paths import local_path
+
 __all__ = ["ArrowFiles", "resolve"]
 
 
 def resolve(path: str) -> tuple[Any, str]:
-    """(pyarrow FileSystem, path inside it) for ``path``: a URI, or a local path."""
-    import os
-
+    """(pyarrow FileSystem, path inside it) for ``path``: a local path in any of its spellings
+    (:func:`~sparkdl.storage.local_paths.local_path`), or a URI of another file system."""
     from pyarrow import fs
 
-    if "://" in path:
-        return fs.FileSystem.from_uri(path)
-    if path.startswith("file:"):           # Hadoop's file:/tmp/x
-        path = path[len("file:"):]
-    return fs.LocalFileSystem(), os.path.abspath(path)
+    local = local_path(path)
+    if local is not None:
+        return fs.LocalFileSystem(), local
+    return fs.FileSystem.from_uri(path)
 
 
 class ArrowFiles:

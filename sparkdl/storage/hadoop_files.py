@@ -9,6 +9,8 @@ Example::
 
 from __future__ import annotations
 
+import re
+import io
 from typing import Any
 
 __all__ = ["hadoop_path", "write_bytes", "read_bytes", "java_error_line", "HadoopFiles",
@@ -50,28 +52,43 @@ def write_bytes(sc: Any, path: str, data: bytes | memoryview, child: str | None 
 
 
 def read_bytes(sc: Any, path: str, child: str | None = None) -> bytes:
-    """A whole file, read in chunks of :data:`CHUNK_BYTES`."""
+    """A whole file, read in chunks of :data:`CHUNK_BYTES` into one buffer of the file's size,
+    which becomes the returned ``bytes`` without a copy: the driver holds a large checkpoint
+    once, plus one chunk."""
     fs, hpath = hadoop_path(sc, path, child)
     size = int(fs.getFileStatus(hpath).getLen())
-    data = bytearray(size)
+    data = io.BytesIO()
+    if size:            # size the buffer once: the writes below never grow it
+        data.seek(size - 1)
+        data.write(b"\0")
+        data.seek(0)
     stream = fs.open(hpath)
     try:
         io_utils = sc._jvm.org.apache.commons.io.IOUtils
         for start in range(0, size, CHUNK_BYTES):
-            chunk = bytes(io_utils.toByteArray(stream, min(CHUNK_BYTES, size - start)))
-            data[start:start + len(chunk)] = chunk
+            data.write(io_utils.toByteArray(stream, min(CHUNK_BYTES, size - start)))
     finally:
         stream.close()
-    return bytes(data)
+    if data.tell() != size:
+        raise OSError(f"{hpath.toString()} ended after {data.tell()} of its {size} bytes")
+    # BytesIO hands over its own buffer when nothing else holds a view of it: no copy
+    return data.getvalue()
 
 
 def java_error_line(exc: BaseException) -> str:
-    """The informative line of a Py4J error (the Java exception), or the first line."""
+    """The informative line of a Py4J error: the Java exception's message, without py4j's
+    leading ``": "`` and the exception's class name (``Mkdirs failed to create /x``), or the
+    first line."""
     text = str(exc)
     for line in text.splitlines():
         if "Exception:" in line:
-            return line.strip()
+            message = line.strip().lstrip(":").strip()
+            return _JAVA_CLASS.sub("", message, count=1) or message
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+_JAVA_CLASS = re.compile(r"^(?:[a-z_$][\w$]*\.)+[A-Z][\w$]*(?:Exception|Error): *")
+"""A Java exception's qualified class name at the start of its line."""
 
 
 class HadoopFiles:

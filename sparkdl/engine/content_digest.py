@@ -1,0 +1,326 @@
+"""A deterministic digest of what a Python object computes with (driver side).
+
+The fit identity (:mod:`sparkdl.engine.fit_identity`) must be the same for the same fit in
+another Python process (a restarted driver) and differ whenever anything that decides the
+result differs. So objects are hashed by their content, never by ``id()``, ``hash()`` or a
+``repr`` holding a memory address:
+
+* numbers, strings, bytes, ``None``: their value and type;
+* tensors and numpy arrays: dtype, shape and bytes; torch and numpy generators: their state;
+* lists, tuples, dicts and sets: their items (dicts and sets in a sorted order);
+* functions: their code (bytecode, constants, names; not file names or line numbers), default
+  arguments, closure values and the module-level values they name (functions and classes of
+  installed libraries and the standard library by module and name, as their code is fixed by
+  the installed version); ``functools.partial`` and bound methods by what they hold;
+* ``nn.Module``: its class, attributes, hooks, parameters and buffers, submodules;
+* torch optimizers, wherever they are reached from (a scheduler holds its optimizer): their
+  class only (the fit identity hashes the optimizer's settings and state itself);
+* loggers by their name (where a step logs does not change what it computes);
+* any other object: its class and its attributes (``__dict__`` and ``__slots__``); one without
+  attributes (a C object: a date, a deque) by what pickle would save of it; or what
+  ``__sparkdl_identity__()`` returns when the class defines it.
+
+What has no such content (a lock, a socket, a Spark session: objects without attributes that
+cannot be pickled either) raises :class:`UnidentifiableError` naming where it was reached, unless ``opaque``
+is True: then it counts as the marker ``<opaque>``, and the caller vouches for it (an explicit
+fit identity, :meth:`sparkdl.DistriOptimizer.set_fit_identity`).
+
+Example::
+
+    content_digest(lambda e: 0.99 ** e, "lr_lambda") != content_digest(lambda e: 0.01 ** e, "x")
+    content_digest(torch.nn.HuberLoss(delta=2.0), "criterion")    # delta counts
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import hashlib
+import logging
+import os
+import random
+import sys
+import sysconfig
+import types
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import UnidentifiableError
+
+__all__ = ["content_digest", "UnidentifiableError", "is_library_code"]
+
+
+_LIBRARY_ROOTS = tuple(os.path.realpath(p) for p in
+                       {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib",
+                                                            "platlib")} if p)
+
+
+@functools.lru_cache(maxsize=None)
+def is_library_code(module_name: str) -> bool:
+    """Whether ``module_name`` belongs to the standard library or an installed (non-editable)
+    package: its code is fixed by the installed version, so its names identify it."""
+    top = module_name.split(".")[0]
+    if top in sys.builtin_module_names or top in getattr(sys, "stdlib_module_names", ()):
+        return True
+    module = sys.modules.get(top)
+    path = getattr(module, "__file__", None)
+    if path is None:
+        return top in ("builtins", "torch", "numpy")
+    path = os.path.realpath(path)
+    return any(path.startswith(root + os.sep) for root in _LIBRARY_ROOTS) or \
+        "site-packages" in path or "dist-packages" in path
+
+
+def _version(module_name: str) -> str:
+    module = sys.modules.get(module_name.split(".")[0])
+    return str(getattr(module, "__version__", ""))
+
+
+_MODULE_MAPS_BY_HANDLE = ("hooks", "hooks_with_kwargs", "hooks_always_called")
+
+
+class _Walker:
+    def __init__(self, opaque: bool) -> None:
+        self.digest = hashlib.sha256()
+        self.opaque = opaque
+        self.stack: list[int] = []         # ids of the containers being walked (cycles)
+
+    def put(self, tag: str, data: Any = b"") -> None:
+        """Feed ``tag`` and ``data`` (text, bytes or a contiguous buffer: no copy is made)."""
+        if isinstance(data, str):
+            data = data.encode("utf-8", "surrogatepass")
+        self.digest.update(f"{tag}:{memoryview(data).nbytes}:".encode())
+        self.digest.update(data)
+
+    def refuse(self, value: Any, path: str, why: str) -> None:
+        if self.opaque:
+            self.put("opaque")
+            return
+        raise UnidentifiableError(
+            f"{path} ({type(value).__module__}.{type(value).__qualname__}) {why}, so sparkdl "
+            "cannot tell whether another fit uses the same one, and checkpoints need to know "
+            "(a checkpoint is resumed only by the fit that wrote it). Give the fit an explicit "
+            "identity that stands for it: DistriOptimizer.set_fit_identity('name-v1') or the "
+            "estimators' fitIdentity Param; or define __sparkdl_identity__() on its class, "
+            "returning the values that decide what it computes.")
+
+    # ------------------------------------------------------------------------------ walking
+    def walk(self, value: Any, path: str) -> None:
+        if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+            self.put(type(value).__name__, repr(value))
+            return
+        if isinstance(value, (torch.dtype, torch.device, torch.Size, range, slice,
+                              type(Ellipsis), type(NotImplemented))):
+            self.put(type(value).__name__, repr(value))
+            return
+        if isinstance(value, enum.Enum):
+            self.put("enum", f"{type(value).__module__}.{type(value).__qualname__}.{value.name}")
+            return
+        if isinstance(value, types.ModuleType):
+            self.put("module", value.__name__)
+            return
+        key = id(value)
+        if key in self.stack:               # a cycle: where it points back to, by depth
+            self.put("cycle", str(self.stack.index(key)))
+            return
+        self.stack.append(key)
+        try:
+            self._walk_object(value, path)
+        finally:
+            self.stack.pop()
+
+    def _walk_object(self, value: Any, path: str) -> None:
+        if isinstance(value, torch.Tensor):
+            t = value.detach()
+            if t.is_sparse:
+                t = t.to_dense()
+            t = t.cpu().contiguous()
+            self.put("tensor", f"{t.dtype}{list(t.shape)}")
+            self.put("bytes", t.view(-1).view(torch.uint8).numpy() if t.numel() else b"")
+            return
+        if isinstance(value, np.ndarray):
+            self.put("ndarray", f"{value.dtype.str}{list(value.shape)}")
+            self.put("bytes", np.ascontiguousarray(value).view(np.uint8).reshape(-1)
+                     if value.dtype != object and value.size else b"")
+            if value.dtype == object:
+                for i, item in enumerate(value.ravel()):
+                    self.walk(item, f"{path}[{i}]")
+            return
+        if isinstance(value, np.generic):
+            self.put("numpy", f"{value.dtype.str}:{value.item()!r}")
+            return
+        if isinstance(value, torch.Generator):
+            self.walk(value.get_state(), f"{path}.get_state()")
+            return
+        if isinstance(value, np.random.Generator):
+            self.walk(value.bit_generator.state, f"{path}.bit_generator.state")
+            return
+        if isinstance(value, (list, tuple)):
+            self.put(type(value).__name__, str(len(value)))
+            for i, item in enumerate(value):
+                self.walk(item, f"{path}[{i}]")
+            return
+        if isinstance(value, dict):
+            self.put("dict", str(len(value)))
+            for k, v in sorted(value.items(), key=lambda kv: repr(kv[0])):
+                self.walk(k, f"{path} key")
+                self.walk(v, f"{path}[{k!r}]")
+            return
+        if isinstance(value, (set, frozenset)):
+            self.put("set", str(len(value)))
+            for item in sorted(value, key=repr):
+                self.walk(item, f"{path} item")
+            return
+        if isinstance(value, functools.partial):
+            self.put("partial")
+            self.walk(value.func, f"{path}.func")
+            self.walk(value.args, f"{path}.args")
+            self.walk(value.keywords, f"{path}.keywords")
+            return
+        if isinstance(value, types.MethodType):
+            self.put("method")
+            self.walk(value.__func__, f"{path}.__func__")
+            self.walk(value.__self__, f"{path}.__self__")
+            return
+        if isinstance(value, types.FunctionType):
+            self._function(value, path)
+            return
+        if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType,
+                              types.WrapperDescriptorType, types.MethodDescriptorType)):
+            owner = getattr(value, "__self__", None)
+            self.put("builtin", f"{getattr(value, '__module__', None)}."
+                                f"{getattr(value, '__qualname__', value.__name__)}")
+            if owner is not None and not isinstance(owner, types.ModuleType):
+                self.walk(owner, f"{path}.__self__")
+            return
+        if isinstance(value, type):
+            self._class(value, path)
+            return
+        if isinstance(value, logging.Logger):    # where a step logs to, not what it computes
+            self.put("logger", value.name)
+            return
+        if isinstance(value, random.Random):
+            self.walk(value.getstate(), f"{path}.getstate()")
+            return
+        if isinstance(value, torch.optim.Optimizer):
+            self.put("optimizer", type(value).__qualname__)
+            return
+        identity = getattr(type(value), "__sparkdl_identity__", None)
+        if identity is not None:
+            self._class(type(value), path)
+            self.walk(identity(value), f"{path}.__sparkdl_identity__()")
+            return
+        if isinstance(value, torch.nn.Module):
+            self._module(value, path)
+            return
+        self._instance(value, path)
+
+    def _class(self, cls: type, path: str) -> None:
+        module = getattr(cls, "__module__", "") or ""
+        self.put("class", f"{module}.{cls.__qualname__}")
+        if is_library_code(module):
+            self.put("version", _version(module))
+            return
+        for base in cls.__mro__:           # user code: the methods' code counts
+            if is_library_code(getattr(base, "__module__", "") or "") or base is object:
+                continue
+            for name, member in sorted(vars(base).items()):
+                if isinstance(member, (staticmethod, classmethod)):
+                    member = member.__func__
+                if isinstance(member, property):
+                    member = member.fget
+                if isinstance(member, types.FunctionType):
+                    self.put("member", name)
+                    self._function(member, f"{base.__qualname__}.{name}")
+                elif not name.startswith("__") and isinstance(
+                        member, (bool, int, float, str, tuple, type(None))):
+                    self.put("member", name)
+                    self.walk(member, f"{base.__qualname__}.{name}")
+
+    def _function(self, fn: types.FunctionType, path: str) -> None:
+        module = fn.__module__ or ""
+        self.put("function", f"{module}.{fn.__qualname__}")
+        if is_library_code(module):
+            self.put("version", _version(module))
+        else:
+            self._code(fn.__code__, fn, path)
+        self.walk(fn.__defaults__, f"{path} defaults")
+        self.walk(fn.__kwdefaults__, f"{path} keyword defaults")
+        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+            try:
+                content = cell.cell_contents
+            except ValueError:             # an empty cell
+                self.put("empty cell", name)
+                continue
+            self.put("cell", name)
+            self.walk(content, f"{path} closure value {name!r}")
+
+    def _code(self, code: types.CodeType, fn: types.FunctionType, path: str) -> None:
+        self.put("code", code.co_code)
+        self.put("names", " ".join(code.co_names))
+        self.put("args", f"{code.co_argcount}/{code.co_kwonlyargcount}/{code.co_flags}")
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                self._code(const, fn, path)
+            else:
+                self.walk(const, f"{path} constant")
+        module_globals = fn.__globals__
+        for name in code.co_names:         # the module-level values it reads
+            if name in module_globals and not name.startswith("__"):
+                self.put("global", name)
+                self.walk(module_globals[name], f"{path} global {name!r}")
+
+    def _module(self, module: torch.nn.Module, path: str) -> None:
+        self._class(type(module), path)
+        for name, value in sorted(vars(module).items()):
+            if name in ("_parameters", "_buffers", "_modules"):
+                self.put("members", name)
+                self.put("count", str(len(value)))
+                for member, item in value.items():
+                    self.put("name", member)
+                    self.walk(item, f"{path}.{member}")
+                continue
+            if name.endswith(_MODULE_MAPS_BY_HANDLE) and isinstance(value, dict):
+                if value:                  # keyed by handles (a process-wide counter): in order
+                    self.put("hooks", name)
+                    self.walk(list(value.values()), f"{path}.{name}")
+                continue
+            self.put("attribute", name)
+            self.walk(value, f"{path}.{name}")
+
+    def _instance(self, value: Any, path: str) -> None:
+        cls = type(value)
+        attributes: dict[str, Any] = {}
+        if hasattr(value, "__dict__"):
+            attributes.update(vars(value))
+        for klass in cls.__mro__:
+            for slot in getattr(klass, "__slots__", ()):
+                if slot not in ("__dict__", "__weakref__") and hasattr(value, slot):
+                    attributes[slot] = getattr(value, slot)
+        if not attributes and not hasattr(value, "__dict__"):
+            # a C object (a date, a deque, a lock): its content is what pickle would save
+            try:
+                reduced = value.__reduce_ex__(4)
+            except Exception:              # noqa: BLE001 - what it raises does not matter
+                reduced = None
+            if not isinstance(reduced, tuple):
+                self.refuse(value, path, "has no content sparkdl can read (no attributes, "
+                                         "and it cannot be pickled)")
+                return
+            self._class(cls, path)
+            self.walk(list(reduced[1:]), f"{path} (as pickled)")
+            return
+        self._class(cls, path)
+        for name, item in sorted(attributes.items()):
+            self.put("attribute", name)
+            self.walk(item, f"{path}.{name}")
+
+
+def content_digest(value: Any, what: str, opaque: bool = False) -> str:
+    """The hex SHA-256 of ``value``'s content (see the module docstring); ``what`` names it in
+    errors. With ``opaque``, what cannot be hashed counts as one marker instead of raising."""
+    walker = _Walker(opaque)
+    walker.walk(value, what)
+    return walker.digest.hexdigest()
