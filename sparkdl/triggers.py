@@ -24,6 +24,7 @@ from typing import Any, Iterator
 from .argument_checks import argument_error, check_choice, check_positive_int, check_type
 
 __all__ = [
+    "planned_iterations",
     "TrainingState",
     "Trigger",
     "MaxEpoch",
@@ -294,3 +295,16 @@ class EarlyStopping(Trigger):
         self.best_iteration = int(state["best_iteration"])
         self.waited = int(state["waited"])
         self.stopped = self.waited >= self.patience
+
+
+def planned_iterations(trigger: Trigger, iterations_per_epoch: int) -> int | None:
+    """The run's last iteration when the end trigger says it in advance (a ``MaxEpoch`` or
+    ``MaxIteration`` alone), else None. Used for the ETA and to refuse resuming a checkpoint
+    past the run's end.
+
+    Example: ``planned_iterations(MaxEpoch(3), 100)`` is 300."""
+    if isinstance(trigger, MaxEpoch):
+        return trigger.limit * iterations_per_epoch
+    if isinstance(trigger, MaxIteration):
+        return trigger.limit
+    return None

@@ -193,3 +193,29 @@ def test_a_history_with_a_gap_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match=r"not continuous: its iteration records read "
                                               r"\[1, 2, 5, 6\]"):
         fit(path)
+
+
+def test_a_checkpoint_of_the_previous_format_still_resumes(tmp_path, caplog):
+    """Written before parts were named by content and identities derived from it: its parts
+    are chosen by iteration number, its key compared on the data and settings only (with a
+    warning), and it resumes bitwise."""
+    path = str(tmp_path)
+    fit(path, MaxIteration(6))
+    for name in ("checkpoint-0000000004.pt", "checkpoint-0000000006.pt"):
+        state = torch.load(tmp_path / name, weights_only=True)
+        for part in state.pop("summary_parts"):          # the previous format's names
+            if (tmp_path / part).exists():
+                (tmp_path / part).rename(tmp_path / (part[:18] + ".pt"))
+        run = state["run"]
+        state["run"] = {k: run[k] for k in ("seed", "batch_size", "shuffle", "partition_sizes",
+                                             "micro_batch_size", "lr_scheduler_step",
+                                             "compression", "precision", "sub_replicas", "data")}
+        state["run"]["optimizer"] = {"class": "SGD", "groups": []}   # recorded another way
+        torch.save(state, tmp_path / name)
+    with caplog.at_level("WARNING", logger="sparkdl"):
+        model, opt = fit(path)
+    assert "predates fit identities derived from content" in caplog.text
+    assert history(opt)[0] == list(range(1, ITERATIONS + 1))
+    clean, _ = fit(str(tmp_path / "clean"))
+    assert bitwise_equal(model, clean)
+    assert (tmp_path / "summary-0000000002.pt").exists()   # an older checkpoint may need it

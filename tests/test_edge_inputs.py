@@ -103,6 +103,28 @@ def test_an_id_the_model_computes_names_the_table():
             net(ids + 1)
 
 
+class LearnedPositions(nn.Embedding):
+    """Hugging Face's learned positional embeddings' shape: given token ids, it looks up their
+    positions (with an offset), so the ids themselves are never rows of it."""
+
+    def forward(self, input_ids):
+        positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+        return super().forward(positions + 2)
+
+
+def test_an_embedding_with_its_own_forward_is_not_checked_as_ids():
+    from sparkdl.executor.id_checks import IdOrigin, checked_ids
+
+    positions, tokens = LearnedPositions(8, 3), nn.Embedding(5000, 3)
+    ids = torch.tensor([[4000, 12, 7]])        # token ids far above the 8 positions
+    with checked_ids(nn.ModuleList([positions, tokens]), [ids], IdOrigin()):
+        assert positions(ids).shape == (1, 3, 3) and tokens(ids).shape == (1, 3, 3)
+    with pytest.raises(TrainingDataError, match=r"id 5000 in embedding '1', but embedding '1' "
+                                                r"has 5000 rows"):
+        with checked_ids(nn.ModuleList([positions, tokens]), [ids + 1000], IdOrigin()):
+            tokens(ids + 1000)
+
+
 @pytest.mark.parametrize("workers", [1, 2, 3])
 def test_an_id_column_out_of_range_names_the_column(spark, workers):
     rows = [(i % 20, i % 3) for i in range(40)]

@@ -290,7 +290,7 @@ def test_every_argument_and_setter_is_in_the_identity_or_named_as_not_deciding()
 def _param_value(stage, name):
     """A second value for each estimator Param (a new Param must be added here)."""
     value = stage.getOrDefault(name)
-    others = {"featuresCol": "f2", "labelCol": "y", "batchSize": 7, "learningRate": 0.5,
+    others = {"maxEpoch": 3, "featuresCol": "f2", "labelCol": "y", "batchSize": 7, "learningRate": 0.5,
               "momentum": 0.3, "seed": 9, "numTrainWorkers": 3, "validationIndicatorCol": "v",
               "featuresCols": ["a", "b"], "inputCols": ["a"], "featureShape": [2, 2],
               "optimizer": "sgd", "weightDecay": 0.1, "microBatchSize": 4, "subReplicas": 2,
@@ -347,3 +347,87 @@ def test_a_grid_over_clipping_and_lambda_lr_with_checkpoint_dir_fits_every_setti
         assert not any(bitwise_equal(modules[a], modules[b])
                        for a in range(len(grid)) for b in range(a + 1, len(grid)))
     assert checked.avgMetrics == plain.avgMetrics
+
+
+# ----------------------------------------------------------------- review: what users pass
+class Recurrent(torch.nn.Module):
+    """An LSTM (its flat weights are held through weak references) over the 6 features."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = torch.nn.LSTM(1, 4, batch_first=True)
+        self.head = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        out, _ = self.lstm(x.unsqueeze(-1))
+        return self.head(out[:, -1])
+
+
+def test_recurrent_scripted_and_compiled_models_have_a_stable_identity(tmp_path):
+    opt = build(model=Recurrent).set_checkpoint(str(tmp_path), SeveralIteration(4))
+    opt.optimize()
+    again = build(model=Recurrent)
+    again.end_trigger = MaxIteration(ITERATIONS + 2)
+    again.set_checkpoint(str(tmp_path), SeveralIteration(4)).optimize()   # resumes its own
+    assert [r.iteration for r in again.summary.iterations][:3] == [1, 2, 3]
+    torch.manual_seed(0)
+    scripted = torch.jit.script(torch.nn.Linear(3, 2))
+    from sparkdl.engine.content_digest import content_digest
+    assert content_digest(scripted, "m") == content_digest(scripted, "m")
+    compiled = torch.compile(torch.nn.Linear(3, 2))
+    twin = torch.compile(compiled._orig_mod)
+    assert content_digest(compiled, "m") == content_digest(twin, "m")
+
+
+def test_frozen_layers_and_parameter_groups_are_part_of_the_identity():
+    base = fit_identity(_engine())
+    frozen = _engine()
+    frozen.model.fc1.weight.requires_grad_(False)
+    assert fit_identity(frozen) != base
+
+    def grouped(first_lr, second_lr):
+        torch.manual_seed(5)
+        net = SmallNet()
+        groups = [{"params": net.fc1.parameters(), "lr": first_lr},
+                  {"params": net.fc2.parameters(), "lr": second_lr}]
+        return DistriOptimizer(net, DATA, torch.nn.CrossEntropyLoss(),
+                               torch.optim.SGD(groups, lr=0.1), batch_size=9)
+
+    assert fit_identity(grouped(0.1, 0.2)) != fit_identity(grouped(0.2, 0.1))
+
+
+def test_a_named_fit_keeps_its_identity_whatever_its_unhashable_parts_hold():
+    from concurrent.futures import ThreadPoolExecutor
+
+    def with_pool():
+        pool = ThreadPoolExecutor(1)          # threads and locks, different in every process
+        scheduler = (lambda o: torch.optim.lr_scheduler.LambdaLR(
+            o, lambda e: pool.submit(lambda: 0.9 ** e).result()))
+        return build(scheduler=scheduler).set_fit_identity("pooled-v1")
+
+    assert fit_identity(with_pool()) == fit_identity(with_pool())
+
+
+def test_fits_of_one_identity_in_parallel_share_a_directory_one_after_the_other(tmp_path):
+    """Two fits of one identity at once (a grid with a duplicate setting, fitted in parallel):
+    the second waits for the first and resumes its end; a shorter run refuses a longer one's
+    checkpoint instead of returning its weights."""
+    results = []
+
+    def run():
+        opt = build().set_checkpoint(str(tmp_path), SeveralIteration(2), by_fit=True)
+        results.append((opt.optimize(), opt))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    fresh = build().optimize()
+    assert len(results) == 2 and all(bitwise_equal(m, fresh) for m, _ in results)
+    assert sorted(len(o.summary.iterations) for _, o in results) == [ITERATIONS, ITERATIONS]
+    shorter = build()
+    shorter.end_trigger = MaxIteration(ITERATIONS - 2)
+    with pytest.raises(CheckpointError, match=f"past this run's end at iteration "
+                                              f"{ITERATIONS - 2}"):
+        shorter.set_checkpoint(str(tmp_path), SeveralIteration(2), by_fit=True).optimize()

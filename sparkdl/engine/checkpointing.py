@@ -22,20 +22,22 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 
 from ..errors import CheckpointError
 from ..storage.checkpoint_store import FORMAT_VERSION, CheckpointStore
-from ..triggers import Trigger
+from ..triggers import Trigger, planned_iterations
 from .run_context import KEY_DEFAULTS, RunContext
 from .summary import IterationRecord, TrainingSummary, ValidationRecord
 
-__all__ = ["CheckpointSetup", "Checkpoints"]
+__all__ = ["CheckpointSetup", "Checkpoints", "exclusive_directory"]
 
 log = logging.getLogger("sparkdl")
 
@@ -69,6 +71,29 @@ def _non_persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
     """Buffers that ``state_dict()`` leaves out but that train like the others."""
     saved = model.state_dict()
     return {k: v.detach().clone() for k, v in model.named_buffers() if k not in saved}
+
+
+_DIRECTORY_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def exclusive_directory(path: str) -> Iterator[None]:
+    """Hold ``path`` for one fit of this process: another fit with the same directory (a grid
+    whose settings differ only in what the identity leaves out, such as ``maxEpoch``, fitted in
+    parallel) waits for it to end and then resumes what it wrote, instead of both writing and
+    pruning one directory at once. Fits in other processes are not held off."""
+    key = path.rstrip("/")
+    with _LOCKS_LOCK:
+        lock = _DIRECTORY_LOCKS.setdefault(key, threading.Lock())
+    if not lock.acquire(blocking=False):
+        log.info("another fit of this process writes checkpoints to %s: waiting for it to end",
+                 key)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 class Checkpoints:
@@ -108,13 +133,23 @@ class Checkpoints:
         """Put ``state`` into the run, after checking that it was written by the same kind of
         run (seed, batch size, shuffling, partition sizes)."""
         name = self.store.file_name(int(state["iteration"]))
-        unknown = [key for key in ctx.resume_key()
-                   if key not in state["run"] and key not in KEY_DEFAULTS]
+        ours = ctx.resume_key()
+        if "identity_version" not in state["run"]:
+            # written before identities were derived from content: its hyperparameters and
+            # weights were recorded another way, only the data and the settings compare
+            comparable = set(ctx.settings.reproducibility_key(ctx.plan)) | {"data"}
+            log.warning("the checkpoint %s predates fit identities derived from content: only "
+                        "its data and %s are verified before resuming it", name,
+                        ", ".join(sorted(comparable - {"data"})))
+        else:
+            comparable = set(ours)
+        unknown = [key for key in ours if key in comparable and key not in state["run"]
+                   and key not in KEY_DEFAULTS]
         if unknown:
             log.warning("the checkpoint %s predates the checks of %s: resuming it without "
                         "them", name, ", ".join(unknown))
-        for key, value in ctx.resume_key().items():
-            if key in unknown:
+        for key, value in ours.items():
+            if key in unknown or key not in comparable:
                 continue
             theirs = state["run"].get(key, KEY_DEFAULTS.get(key))
             if theirs != value:
@@ -124,6 +159,13 @@ class Checkpoints:
                     "it would not continue this fit. Use a new checkpoint directory (or "
                     "set_checkpoint(..., by_fit=True): one subdirectory per fit), or the same "
                     "data, hyperparameters and initial weights.")
+        planned = planned_iterations(ctx.end_trigger, ctx.plan.iterations_per_epoch)
+        if planned is not None and int(state["iteration"]) > planned:
+            raise CheckpointError(
+                f"The checkpoint {name} is at iteration {state['iteration']}, past this run's "
+                f"end at iteration {planned}: it was written by a longer run of the same fit "
+                "(training longer resumes, training shorter cannot go back). Use another "
+                "checkpoint directory for the shorter run.")
         ctx.model.load_state_dict(state["model_state"])
         buffers = dict(ctx.model.named_buffers())
         with torch.no_grad():

@@ -6,13 +6,18 @@ result differs. So objects are hashed by their content, never by ``id()``, ``has
 ``repr`` holding a memory address:
 
 * numbers, strings, bytes, ``None``: their value and type;
-* tensors and numpy arrays: dtype, shape and bytes; torch and numpy generators: their state;
+* tensors and numpy arrays: dtype, shape and bytes (and ``requires_grad``: a frozen layer
+  trains differently); torch and numpy generators: their state; a weak reference: its referent;
 * lists, tuples, dicts and sets: their items (dicts and sets in a sorted order);
 * functions: their code (bytecode, constants, names; not file names or line numbers), default
   arguments, closure values and the module-level values they name (functions and classes of
   installed libraries and the standard library by module and name, as their code is fixed by
-  the installed version); ``functools.partial`` and bound methods by what they hold;
-* ``nn.Module``: its class, attributes, hooks, parameters and buffers, submodules;
+  the installed version; the attributes the code names of the user's own modules, ``cfg.LR``);
+  ``functools.partial`` and bound methods by what they hold;
+* classes of installed libraries by module, name and version; the user's classes also by their
+  methods' code and class-level constants;
+* ``nn.Module``: its class, attributes, hooks, parameters and buffers, submodules; a TorchScript
+  module by its code and state; a ``torch.compile``'d one by the module it compiles;
 * torch optimizers, wherever they are reached from (a scheduler holds its optimizer): their
   class only (the fit identity hashes the optimizer's settings and state itself);
 * loggers by their name (where a step logs does not change what it computes);
@@ -21,9 +26,12 @@ result differs. So objects are hashed by their content, never by ``id()``, ``has
   ``__sparkdl_identity__()`` returns when the class defines it.
 
 What has no such content (a lock, a socket, a Spark session: objects without attributes that
-cannot be pickled either) raises :class:`UnidentifiableError` naming where it was reached, unless ``opaque``
-is True: then it counts as the marker ``<opaque>``, and the caller vouches for it (an explicit
-fit identity, :meth:`sparkdl.DistriOptimizer.set_fit_identity`).
+cannot be pickled either) raises :class:`UnidentifiableError` naming where it was reached; the
+caller decides what an explicit fit identity replaces (:mod:`sparkdl.engine.fit_identity`: the
+whole argument that reached it).
+
+An object reached twice (a model that a bound-method step also holds, a cycle) is walked once
+and referred to by the order of its first visit after that.
 
 Example::
 
@@ -42,6 +50,7 @@ import random
 import sys
 import sysconfig
 import types
+import weakref
 from typing import Any
 
 import numpy as np
@@ -81,11 +90,19 @@ def _version(module_name: str) -> str:
 _MODULE_MAPS_BY_HANDLE = ("hooks", "hooks_with_kwargs", "hooks_always_called")
 
 
+def _standalone(value: Any, path: str) -> str:
+    """The digest of ``value`` on its own: what dict keys and set items are ordered by (never
+    their ``repr``, which can hold memory addresses)."""
+    walker = _Walker()
+    walker.walk(value, path)
+    return walker.digest.hexdigest()
+
+
 class _Walker:
-    def __init__(self, opaque: bool) -> None:
+    def __init__(self) -> None:
         self.digest = hashlib.sha256()
-        self.opaque = opaque
-        self.stack: list[int] = []         # ids of the containers being walked (cycles)
+        self.seen: dict[int, int] = {}      # id -> order of first visit (shared objects, cycles)
+        self.alive: list[Any] = []          # keeps what was visited alive: ids stay unique
 
     def put(self, tag: str, data: Any = b"") -> None:
         """Feed ``tag`` and ``data`` (text, bytes or a contiguous buffer: no copy is made)."""
@@ -95,9 +112,6 @@ class _Walker:
         self.digest.update(data)
 
     def refuse(self, value: Any, path: str, why: str) -> None:
-        if self.opaque:
-            self.put("opaque")
-            return
         raise UnidentifiableError(
             f"{path} ({type(value).__module__}.{type(value).__qualname__}) {why}, so sparkdl "
             "cannot tell whether another fit uses the same one, and checkpoints need to know "
@@ -122,22 +136,23 @@ class _Walker:
             self.put("module", value.__name__)
             return
         key = id(value)
-        if key in self.stack:               # a cycle: where it points back to, by depth
-            self.put("cycle", str(self.stack.index(key)))
+        if key in self.seen:                # walked already (shared, or a cycle): by order
+            self.put("seen", str(self.seen[key]))
             return
-        self.stack.append(key)
-        try:
-            self._walk_object(value, path)
-        finally:
-            self.stack.pop()
+        self.seen[key] = len(self.seen)
+        self.alive.append(value)
+        self._walk_object(value, path)
 
     def _walk_object(self, value: Any, path: str) -> None:
+        if isinstance(value, torch.nn.parameter.UninitializedTensorMixin):
+            self.put("uninitialized", f"{type(value).__name__}{value.requires_grad}")
+            return                           # a lazy module's: drawn at its first forward
         if isinstance(value, torch.Tensor):
             t = value.detach()
             if t.is_sparse:
                 t = t.to_dense()
             t = t.cpu().contiguous()
-            self.put("tensor", f"{t.dtype}{list(t.shape)}")
+            self.put("tensor", f"{t.dtype}{list(t.shape)}{value.requires_grad}")
             self.put("bytes", t.view(-1).view(torch.uint8).numpy() if t.numel() else b"")
             return
         if isinstance(value, np.ndarray):
@@ -164,14 +179,35 @@ class _Walker:
             return
         if isinstance(value, dict):
             self.put("dict", str(len(value)))
-            for k, v in sorted(value.items(), key=lambda kv: repr(kv[0])):
-                self.walk(k, f"{path} key")
+            for digest, k, v in sorted(((_standalone(k, f"{path} key"), k, v)
+                                        for k, v in value.items()), key=lambda e: e[0]):
+                self.put("key", digest)
                 self.walk(v, f"{path}[{k!r}]")
             return
         if isinstance(value, (set, frozenset)):
             self.put("set", str(len(value)))
-            for item in sorted(value, key=repr):
-                self.walk(item, f"{path} item")
+            for digest in sorted(_standalone(item, f"{path} item") for item in value):
+                self.put("item", digest)
+            return
+        if isinstance(value, weakref.ref):
+            referent = value()
+            if referent is None:
+                self.put("dead weakref")
+            else:
+                self.walk(referent, f"{path}()")
+            return
+        if isinstance(value, torch.jit.ScriptModule):
+            self.put("script module", type(value).__qualname__)
+            try:
+                self.put("code", value.code)
+            except Exception:              # noqa: BLE001 - a module without TorchScript code
+                self.put("no code")
+            self.walk(dict(value.state_dict()), f"{path}.state_dict()")
+            self.walk(dict(value.named_children()), f"{path} children")
+            return
+        if type(value).__name__ == "OptimizedModule" and hasattr(value, "_orig_mod"):
+            self.put("compiled")             # torch.compile: what it compiles
+            self.walk(value._orig_mod, f"{path}._orig_mod")
             return
         if isinstance(value, functools.partial):
             self.put("partial")
@@ -235,8 +271,9 @@ class _Walker:
                     self.put("member", name)
                     self._function(member, f"{base.__qualname__}.{name}")
                 elif not name.startswith("__") and isinstance(
-                        member, (bool, int, float, str, tuple, type(None))):
-                    self.put("member", name)
+                        member, (bool, int, float, str, tuple, list, dict, set, frozenset,
+                                 type(None), torch.Tensor, np.ndarray)):
+                    self.put("member", name)          # class-level constants
                     self.walk(member, f"{base.__qualname__}.{name}")
 
     def _function(self, fn: types.FunctionType, path: str) -> None:
@@ -269,8 +306,15 @@ class _Walker:
         module_globals = fn.__globals__
         for name in code.co_names:         # the module-level values it reads
             if name in module_globals and not name.startswith("__"):
+                value = module_globals[name]
                 self.put("global", name)
-                self.walk(module_globals[name], f"{path} global {name!r}")
+                self.walk(value, f"{path} global {name!r}")
+                if isinstance(value, types.ModuleType) and not is_library_code(value.__name__):
+                    for attribute in code.co_names:    # cfg.LR of the user's own module
+                        if not attribute.startswith("__") and hasattr(value, attribute):
+                            self.put("module attribute", attribute)
+                            self.walk(getattr(value, attribute),
+                                      f"{path} global {name}.{attribute}")
 
     def _module(self, module: torch.nn.Module, path: str) -> None:
         self._class(type(module), path)
@@ -318,9 +362,9 @@ class _Walker:
             self.walk(item, f"{path}.{name}")
 
 
-def content_digest(value: Any, what: str, opaque: bool = False) -> str:
+def content_digest(value: Any, what: str) -> str:
     """The hex SHA-256 of ``value``'s content (see the module docstring); ``what`` names it in
-    errors. With ``opaque``, what cannot be hashed counts as one marker instead of raising."""
-    walker = _Walker(opaque)
+    errors."""
+    walker = _Walker()
     walker.walk(value, what)
     return walker.digest.hexdigest()

@@ -33,6 +33,7 @@ Randomness: batches come from :class:`~sparkdl.data.batch_plan.BatchPlan`; rando
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from typing import Any, Callable, Mapping, Sequence
@@ -56,7 +57,7 @@ from .optimizer_sequence import as_optimizer, as_scheduler
 from .sparse_checks import check_sparse_gradients
 from .arguments import (check_criterion, check_lr_scheduler, check_optimizer, check_steps,
                         check_training_data)
-from .checkpointing import CheckpointSetup, Checkpoints
+from .checkpointing import CheckpointSetup, Checkpoints, exclusive_directory
 from .clipping import GradientClipping, check_norm_clipping, check_value_clipping
 from .fit_identity import data_digest, fit_identity, identity_directory, validation_decides
 from .loss_scaling import PRECISIONS, LossScaler
@@ -572,7 +573,14 @@ class DistriOptimizer:
         identity = fit_identity(self) if setup is not None else {}
         checkpoints = (Checkpoints(setup, self._checkpoint_store(setup.path))
                        if setup is not None and not setup.by_fit else None)
-        resumed = checkpoints.latest(self.model) if checkpoints is not None else None
+        held = contextlib.ExitStack()      # this process's other fits keep out of its directory
+        if checkpoints is not None:
+            held.enter_context(exclusive_directory(setup.path))
+        try:
+            resumed = checkpoints.latest(self.model) if checkpoints is not None else None
+        except BaseException:
+            held.close()
+            raise
         dtype = self.layout.data_dtype.str
         ctx: RunContext | None = None
         tracker: MlflowTracker | None = None
@@ -614,6 +622,7 @@ class DistriOptimizer:
             ctx.training_step = self.training_step
             if setup is not None and setup.by_fit:   # this fit's own subdirectory
                 directory = f"{setup.path.rstrip('/')}/{identity_directory(ctx.resume_key())}"
+                held.enter_context(exclusive_directory(directory))
                 ctx.checkpoints = checkpoints = Checkpoints(
                     dataclasses.replace(setup, path=directory), self._checkpoint_store(directory))
                 resumed = checkpoints.latest(self.model)
@@ -637,6 +646,7 @@ class DistriOptimizer:
             failure = exc
             raise
         finally:
+            held.close()
             if ctx is not None:
                 self.summary, self.iteration = ctx.summary, ctx.iteration
                 _count_rebuilds(ctx.summary, [ctx.train] + (

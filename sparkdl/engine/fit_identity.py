@@ -17,7 +17,7 @@ everything that decides its result, not from a list of knobs someone remembered:
 
 An object that cannot be hashed deterministically is refused (:class:`UnidentifiableError`)
 unless the fit has an explicit name (:meth:`sparkdl.DistriOptimizer.set_fit_identity`), which
-then stands for it. All of this is computed only for fits that write checkpoints.
+then stands for the whole argument that reached it. All of this is computed only for fits that write checkpoints.
 
 Example::
 
@@ -33,11 +33,12 @@ import inspect
 from typing import Any, Mapping, Sequence
 
 from ..triggers import EarlyStopping
-from .content_digest import UnidentifiableError, content_digest
+from ..errors import UnidentifiableError
+from .content_digest import content_digest
 from .optimizer_sequence import OptimizerSequence, optimizer_members, scheduler_needs_metric
 
 __all__ = ["fit_identity", "data_digest", "identity_directory", "params_identity",
-           "NOT_IN_IDENTITY", "PARAMS_NOT_IN_IDENTITY", "SETTER_STATE",
+           "NOT_IN_IDENTITY", "PARAMS_NOT_IN_IDENTITY", "SETTER_STATE", "IDENTITY_VERSION",
            "UnidentifiableError"]
 
 NOT_IN_IDENTITY: dict[str, str] = {
@@ -65,7 +66,6 @@ SETTER_STATE: dict[str, str] = {
 """Each setter in the identity, and the key its state is found under."""
 
 PARAMS_NOT_IN_IDENTITY: dict[str, str] = {
-    "maxEpoch": "training longer resumes (the engine's end trigger)",
     "predictionCol": "transform only", "probabilityCol": "transform only",
     "rawPredictionCol": "transform only", "inferenceBatchSize": "transform only",
     "progressBar": "display only", "tensorboardDir": "reporting only",
@@ -84,11 +84,20 @@ def _plain(value: Any) -> Any:
     raise TypeError
 
 
-def _rendered(value: Any, what: str, opaque: bool) -> Any:
+def _rendered(value: Any, what: str, named: bool) -> Any:
+    """``value`` for the identity. What cannot be hashed is refused, unless the fit is named:
+    then the whole of ``what`` stands as named (an unhashable part may sit beside values that
+    change from process to process, a pool's threads or a session's ids)."""
     try:
         return _plain(value)
     except TypeError:
-        return "sha256:" + content_digest(value, what, opaque)[:32]
+        pass
+    try:
+        return "sha256:" + content_digest(value, what)[:32]
+    except UnidentifiableError:
+        if named:
+            return f"named: {what}"
+        raise
 
 
 def current_argument(opt: Any, name: str) -> Any:
@@ -101,16 +110,28 @@ def current_argument(opt: Any, name: str) -> Any:
                          "change the weights, or keep it as an attribute")
 
 
-def _optimizer(optimizer: Any, opaque: bool) -> dict[str, Any]:
-    groups = [{k: _rendered(v, f"optimizer param_groups[{i}][{k!r}]", opaque)
-               for k, v in sorted(group.items()) if k != "params"} | {"params": len(group["params"])}
+def _optimizer(optimizer: Any, model: Any, named: bool) -> dict[str, Any]:
+    """The optimizer's classes (with their code, for the user's own), its groups'
+    hyperparameters and which parameters (by name) each group holds, and its state."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = [{k: _rendered(v, f"optimizer param_groups[{i}][{k!r}]", named)
+               for k, v in sorted(group.items()) if k != "params"}
+              | {"params": [names.get(id(p), "?") for p in group["params"]]}
               for i, group in enumerate(optimizer.param_groups)]
     members = optimizer_members(optimizer)
     return {"class": ([type(o).__qualname__ for o in members]
                       if isinstance(optimizer, OptimizerSequence)
-                      else type(optimizer).__qualname__), "groups": groups,
-            "state": "sha256:" + content_digest([o.state_dict()["state"] for o in members],
-                                                "optimizer state", opaque)[:32]}
+                      else type(optimizer).__qualname__),
+            "code": _rendered([type(o) for o in members], "the optimizer's class", named),
+            "groups": groups,
+            "state": _rendered([o.state_dict()["state"] for o in members], "optimizer state",
+                               named)}
+
+
+IDENTITY_VERSION = 2
+"""Checkpoints whose key lacks it predate identities derived from content: only their data and
+reproducibility settings can be compared (:meth:`sparkdl.engine.checkpointing.Checkpoints.
+restore`)."""
 
 
 def validation_decides(opt: Any) -> bool:
@@ -125,16 +146,16 @@ def fit_identity(opt: Any) -> dict[str, Any]:
     Raises :class:`UnidentifiableError` for an object that cannot be hashed, unless the fit has
     an explicit name."""
     name = getattr(opt, "_fit_name", None)
-    opaque = name is not None
-    identity: dict[str, Any] = {}
+    named = name is not None
+    identity: dict[str, Any] = {"identity_version": IDENTITY_VERSION}
     for argument in inspect.signature(type(opt).__init__).parameters:
         if argument == "self" or argument in NOT_IN_IDENTITY:
             continue
         value = current_argument(opt, argument)
-        identity[argument] = (_optimizer(value, opaque) if argument == "optimizer"
-                              else _rendered(value, argument, opaque))
+        identity[argument] = (_optimizer(value, opt.model, named) if argument == "optimizer"
+                              else _rendered(value, argument, named))
     identity["early_stopping"] = [
-        _rendered(t, "the end trigger's EarlyStopping", opaque)
+        _rendered(t, "the end trigger's EarlyStopping", named)
         for t in opt.end_trigger.walk() if isinstance(t, EarlyStopping)]
     clipping = opt._clipping
     identity["clipping"] = None if clipping is None else {
@@ -143,13 +164,13 @@ def fit_identity(opt: Any) -> dict[str, Any]:
     identity["validation"] = None
     if validation_decides(opt):
         identity["validation"] = {
-            "trigger": _rendered(validation.trigger, "the validation trigger", opaque),
-            "metrics": _rendered(validation.metrics, "the validation metrics", opaque),
+            "trigger": _rendered(validation.trigger, "the validation trigger", named),
+            "metrics": _rendered(validation.metrics, "the validation metrics", named),
             "batch_size": validation.batch_size}
     identity["fit_identity"] = name
     extra = getattr(opt, "_identity_extra", None)
     if extra:
-        identity["caller"] = {k: _rendered(v, k, opaque) for k, v in sorted(extra.items())}
+        identity["caller"] = {k: _rendered(v, k, named) for k, v in sorted(extra.items())}
     return identity
 
 

@@ -104,4 +104,5 @@ class RunContext:
 
     def resume_key(self) -> dict[str, Any]:
         """What a checkpoint must have been written with for this run to resume it."""
-        return self.settings.reproducibility_key(self.plan) | self.fit_key
+        # the settings as the run resolved them (sub_replicas: the count chosen, not None)
+        return self.fit_key | self.settings.reproducibility_key(self.plan)

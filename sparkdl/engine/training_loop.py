@@ -37,7 +37,7 @@ from ..transport.allreduce import AllReduceResult
 from ..transport.flat_layout import combine_buffers, summed_presence
 from ..transport.table_rows import gather_rows, rows_finite, scale_rows
 from ..transport.weight_refresh import DriverWeights, StateVersion, row_local_tables
-from ..triggers import EarlyStopping, MaxEpoch, MaxIteration, TrainingState, Trigger
+from ..triggers import EarlyStopping, TrainingState, planned_iterations
 from .optimizer_sequence import needs_closure, optimizer_members, scheduler_needs_metric
 from .progress import ProgressReporter
 from .recovery import run_with_recovery
@@ -47,15 +47,6 @@ from .summary import IterationRecord
 __all__ = ["TrainingLoop"]
 
 log = logging.getLogger("sparkdl")
-
-
-def _total_iterations(trigger: Trigger, iterations_per_epoch: int) -> int | None:
-    """The run's last iteration when the end trigger says it in advance (for the ETA)."""
-    if isinstance(trigger, MaxEpoch):
-        return trigger.limit * iterations_per_epoch
-    if isinstance(trigger, MaxIteration):
-        return trigger.limit
-    return None
 
 
 def _normalize(result: AllReduceResult, batch_size: int, what: str, weighted: bool,
@@ -118,7 +109,7 @@ class TrainingLoop:
                          ctx.iteration)
                 return
         reporter = ProgressReporter(ctx.settings.progress_bar, ctx.settings.tensorboard_dir,
-                                    per_epoch, _total_iterations(ctx.end_trigger, per_epoch),
+                                    per_epoch, planned_iterations(ctx.end_trigger, per_epoch),
                                     ctx.iteration, listeners=ctx.listeners)
         try:
             self._iterate(reporter)

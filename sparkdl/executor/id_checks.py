@@ -4,8 +4,10 @@ also the driver's dry run and ``transform``).
 torch answers an id outside ``0..num_embeddings - 1`` with ``IndexError: index out of range in
 self`` on a CPU and with a device-side assert on a GPU, naming neither the id, the table nor the
 row. :func:`checked_ids` puts, for the length of one batch's forward, a pre-hook on every
-``nn.Embedding`` and ``nn.EmbeddingBag`` of the model that compares the ids the table is given
-with its size (``aminmax``: two comparisons per id, never a pass over the table) and raises the
+``nn.Embedding`` and ``nn.EmbeddingBag`` of the model (and every subclass that keeps their
+``forward``: one with its own, such as a learned positional embedding, is given something
+other than ids) that compares the ids the table is given with its size (``aminmax``: two
+comparisons per id, one device sync per table, never a pass over the table) and raises the
 :class:`IdOrigin`'s error class with the id, the table, its size and where the id comes from:
 the model input (a column, for the estimators) when the ids are (a view of) one of the batch's
 inputs, and the record of the partition.
@@ -78,8 +80,11 @@ def _tables(model: nn.Module) -> list[tuple[str, nn.Module]]:
     with _LOCK:
         found = _TABLES.get(model)
         if found is None:
+            # only tables that look their input up as ids: a subclass with its own forward
+            # (Hugging Face's learned positional embeddings look up positions) is not checked
             found = [(name or type(m).__name__, m) for name, m in model.named_modules()
-                     if isinstance(m, _TABLE_TYPES)]
+                     if isinstance(m, _TABLE_TYPES) and
+                     type(m).forward in (nn.Embedding.forward, nn.EmbeddingBag.forward)]
             _TABLES[model] = found
     return found
 
@@ -108,8 +113,8 @@ def _check(name: str, inputs: Sequence[Any], origin: IdOrigin, module: nn.Module
     if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.numel() == 0:
         return None        # torch's own error names a float id tensor well enough
     rows = int(module.num_embeddings)
-    low, high = torch.aminmax(ids)       # two syncs per table and batch on a GPU
-    if low.item() < 0 or high.item() >= rows:
+    low, high = torch.stack(torch.aminmax(ids)).tolist()    # one sync per table on a GPU
+    if low < 0 or high >= rows:
         raise _out_of_range(name, rows, ids, inputs, origin)
     return None
 

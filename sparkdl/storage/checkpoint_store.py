@@ -158,10 +158,11 @@ class CheckpointStore:
     def remove_strays(self, keep_parts: list[str]) -> None:
         """Remove what no committed checkpoint needs: summary parts not in ``keep_parts`` (the
         newest checkpoint's, which holds every older one's) and temporary files a stopped
-        writer left. Each removal is logged."""
+        writer left. Each removal is logged. Parts of the previous format
+        (``summary-<iteration>.pt``) stay: an older checkpoint still kept may need them."""
         keep = set(keep_parts)
         for name in self._names():
-            stray = ((_SUMMARY.match(name) or _LEGACY_SUMMARY.match(name)) and name not in keep) \
+            stray = (_SUMMARY.match(name) and name not in keep) \
                 or (name.startswith(".") and name.endswith(".tmp"))
             if stray:
                 log.info("removing %s/%s: no committed checkpoint needs it", self.path, name)
