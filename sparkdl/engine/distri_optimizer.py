@@ -471,8 +471,8 @@ class DistriOptimizer:
         """Name this fit for its checkpoints. The identity of a fit is derived from everything
         that decides its result (:mod:`sparkdl.engine.fit_identity`); an object sparkdl cannot
         hash deterministically (a function closing over a lock or a session) is refused unless
-        the fit has a name: then ``name`` stands for whatever could not be hashed, and a fit is
-        resumed only by a fit with the same name and the same hashable rest. Give a new name
+        the fit has a name: then ``name`` stands for each whole argument that could not be
+        hashed, and a fit is resumed only by a fit with the same name and the same hashable rest. Give a new name
         whenever such an object changes what it computes.
 
         Example: ``opt.set_fit_identity("two-tower-v3").set_checkpoint(path, EveryEpoch())``.
