@@ -52,24 +52,22 @@ def main(argv: list[str] | None = None) -> int:
 
     from sparkdl.spark_settings import spark_session
     from sparkdl import DistriOptimizer, Loss, Top1Accuracy
-    from sparkdl.datasets import load_fashion_mnist
+    from sparkdl.datasets import fashion_mnist_rdd
     from sparkdl.datasets import lenet5
     from sparkdl.triggers import EveryEpoch, MaxEpoch
-
-    try:
-        train_x, train_y, test_x, test_y = load_fashion_mnist(args.data_dir, standardize=True)
-    except FileNotFoundError as exc:
-        log.error("%s", exc)
-        return 2
-    if args.train_samples:
-        train_x, train_y = train_x[:args.train_samples], train_y[:args.train_samples]
 
     spark = spark_session("sparkdl LeNet-5 Fashion-MNIST (engine)", args.master)
     sc = spark.sparkContext
     sc.setLogLevel("WARN")
     partitions = args.partitions or sc.defaultParallelism
-    train_rdd = sc.parallelize(list(zip(train_x, train_y)), partitions)
-    test_rdd = sc.parallelize(list(zip(test_x, test_y)), partitions)
+    try:        # the tasks read the IDX files: only their path travels from the driver
+        train_rdd = fashion_mnist_rdd(sc, "train", partitions, args.data_dir, standardize=True,
+                                      samples=args.train_samples)
+        test_rdd = fashion_mnist_rdd(sc, "test", partitions, args.data_dir, standardize=True)
+    except FileNotFoundError as exc:
+        log.error("%s", exc)
+        spark.stop()
+        return 2
 
     torch.manual_seed(args.seed)
     net = lenet5()
@@ -83,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.time()
     opt.optimize()
     accuracy = opt.summary.validations[-1].metrics["Top1Accuracy"]
-    log.info("trained %d epoch(s) on %d samples in %.0f s", args.epochs, len(train_y),
-             time.time() - start)
+    log.info("trained %d epoch(s) on %d samples in %.0f s", args.epochs,
+             min(args.train_samples or 60000, 60000), time.time() - start)
     print(f"test accuracy: {accuracy:.4f}")
     spark.stop()
     return 0 if accuracy >= args.min_accuracy else 1

@@ -240,11 +240,11 @@ def main_phase(spark, data_dir, out, results):
 
 
 def fills_phase(spark, data_dir, out, results):
-    net, summary = engine_shuffle(spark, data_dir, connect=True, iterations=3)
+    net, summary = engine_shuffle(spark, data_dir, connect=True, iterations=2)
     torch.save(net.state_dict(), f"{out}/fills_shuffle.pt")
     results["fills_misses"] = summary.placement_misses
     results["fills_rebuilt"] = summary.shards_rebuilt
-    model = fit_classifier(spark, data_dir, "", epochs=1, batch_size=96)   # 3 iterations
+    model = fit_classifier(spark, data_dir, "", epochs=1, batch_size=144)   # 2 iterations
     torch.save(model.state_dict(), f"{out}/fills_classifier.pt")
 
 

@@ -148,9 +148,9 @@ def test_missing_shards_are_filled_and_the_result_is_unchanged(spark, fills_run)
     """A server whose Python workers are never reused and keep shards in memory only: every
     task misses its shard, fill jobs build it, and the weights are still the classic ones."""
     data_dir, out, results = fills_run
-    assert results["fills_misses"] >= 3 * 2            # every partition of every iteration
+    assert results["fills_misses"] >= 2 * 2            # every partition of every iteration
     assert results["fills_rebuilt"] == results["fills_misses"]
-    net, _ = job.engine_shuffle(spark, data_dir, connect=False, iterations=3)
+    net, _ = job.engine_shuffle(spark, data_dir, connect=False, iterations=2)
     assert bitwise_equal(net.state_dict(), _weights(out, "fills_shuffle.pt"))
-    model = job.fit_classifier(spark, data_dir, "", epochs=1, batch_size=96)
+    model = job.fit_classifier(spark, data_dir, "", epochs=1, batch_size=144)
     assert bitwise_equal(model.state_dict(), _weights(out, "fills_classifier.pt"))

@@ -43,7 +43,7 @@ __all__ = ["BatchPlan", "local_permutation", "task_seed"]
 def task_seed(seed: int, iteration: int, partition: int) -> int:
     """The torch seed of one task (dropout and other random layers), from the run's seed."""
     state = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, iteration, partition])
-    return int(state.generate_state(1, dtype=np.uint64)[0] & 0x7FFFFFFFFFFFFFFF)
+    return int(state.generate_state(1, dtype=np.uint64)[0]) & 0x7FFFFFFFFFFFFFFF
 
 
 def transform_generator(seed: int, iteration: int, partition: int) -> np.random.Generator:

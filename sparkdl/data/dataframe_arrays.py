@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import InvalidArgumentError
+from ..spark_compat import dataframe_from_arrow
 from .ragged import Ragged
 from .records import ArrayBlock
 
@@ -475,5 +476,6 @@ def arrays_to_dataframe(spark: Any, features: np.ndarray, labels: np.ndarray,
     flat = np.ascontiguousarray(features.reshape(len(features), -1), dtype=np.float32)
     offsets = pa.array(np.arange(len(flat) + 1, dtype=np.int64) * flat.shape[1])
     column = pa.LargeListArray.from_arrays(offsets, pa.array(flat.ravel()))
-    return spark.createDataFrame(pa.table({features_col: column.cast(pa.list_(pa.float32())),
-                                           label_col: pa.array(labels)}))
+    table = pa.table({features_col: column.cast(pa.list_(pa.float32())),
+                      label_col: pa.array(labels)})
+    return dataframe_from_arrow(spark, table)

@@ -24,6 +24,7 @@ from ..executor.step import as_model_input, autocast, set_task_threads
 from ..executor.worker_cache import WorkerCache
 from ..executor.exchange import Exchange, Payload
 from ..metrics import prediction_tensor
+from ..spark_compat import arrow_iterator_udf
 
 __all__ = ["predict_column"]
 
@@ -106,7 +107,6 @@ def predict_column(model: torch.nn.Module, sources: Sequence[FeatureSource],
     model was fitted on (:mod:`sparkdl.data.input_record`), checked before the model runs.
     """
     from pyspark import cloudpickle
-    from pyspark.sql.functions import arrow_udf
 
     pickled = cloudpickle.dumps(model)
     key = hashlib.sha1(pickled).hexdigest()
@@ -132,14 +132,15 @@ def predict_column(model: torch.nn.Module, sources: Sequence[FeatureSource],
             out = _outputs(net, xs, batch_size, torch.device(target), precision, width,
                            padding_value, collate, names)
             if classifier:
+                # torch, not numpy, computes the probabilities: the same torch gives the same
+                # bits whatever numpy (whose exp differs in the last bit between 1.x and 2.x)
                 if out.shape[1] == 1:  # one logit: binary classification
-                    p1 = 1.0 / (1.0 + np.exp(-out[:, 0]))
+                    p1 = torch.sigmoid(torch.from_numpy(out[:, 0])).numpy()
                     prob = np.stack([1 - p1, p1], axis=1)
                     raw = np.stack([-out[:, 0], out[:, 0]], axis=1)
                 else:
                     raw = out
-                    shifted = np.exp(out - out.max(axis=1, keepdims=True, initial=-np.inf))
-                    prob = shifted / shifted.sum(axis=1, keepdims=True)
+                    prob = torch.softmax(torch.from_numpy(out), dim=1).numpy()
                 prediction = (prob.argmax(axis=1) if len(prob) else np.zeros(0))
                 yield pa.StructArray.from_arrays(
                     [_list_array(raw), _list_array(prob),
@@ -150,4 +151,4 @@ def predict_column(model: torch.nn.Module, sources: Sequence[FeatureSource],
             else:
                 yield _list_array(out)
 
-    return arrow_udf(predict, return_type)
+    return arrow_iterator_udf(predict, return_type)

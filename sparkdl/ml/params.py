@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.param.shared import (HasBatchSize, HasFeaturesCol, HasLabelCol, HasLearningRate,
-                                     HasMomentum, HasNumTrainWorkers, HasPredictionCol,
+from pyspark.ml.param.shared import (HasFeaturesCol, HasLabelCol, HasPredictionCol,
                                      HasProbabilityCol, HasRawPredictionCol, HasSeed,
                                      HasValidationIndicatorCol)
 
@@ -19,6 +18,7 @@ from ..argument_checks import argument_error
 from ..errors import InvalidArgumentError
 from ..engine.loss_scaling import PRECISIONS
 from ..executor.devices import DEVICES
+from ..spark_compat import HasBatchSize, HasLearningRate, HasMomentum, HasNumTrainWorkers
 from .engine_settings import METRIC_NAMES
 
 __all__ = ["NNParams", "NNClassifierParams", "OPTIMIZERS", "validate_params"]

@@ -26,10 +26,11 @@ import pickle
 from typing import Any
 
 import torch
-from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
+from pyspark.ml.util import DefaultParamsReader, MLReader, MLWriter
 
 from ..data.input_record import record_from_json
 from ..errors import InvalidArgumentError
+from ..spark_compat import load_metadata, save_metadata
 from ..storage.file_systems import files_for_session, is_connect_session
 
 __all__ = ["NNStageWriter", "NNStageReader", "NNModelWriter", "NNModelReader"]
@@ -59,7 +60,7 @@ def _load_metadata(path: str, spark: Any, cls: type) -> dict[str, Any]:
         raise InvalidArgumentError(f"{path!r} is not a saved sparkdl stage (no metadata/): it "
                                    f"holds {shown}. Load the directory a stage's "
                                    "write().save(path) wrote.")
-    metadata = DefaultParamsReader.loadMetadata(path, spark)
+    metadata = load_metadata(path, spark)
     if _current_name(metadata["class"]) != _qualname(cls):
         raise InvalidArgumentError(f"{path} holds a {metadata['class']}, not a "
                                    f"{_qualname(cls)}; load it with that class.")
@@ -114,8 +115,8 @@ class NNStageWriter(_StageWriter):
         # the lrScheduler Param holds a function: it travels in objects.pkl, not in the JSON
         json_params = {p.name: v for p, v in self.instance._paramMap.items()
                        if p.name != "lrScheduler"}
-        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession,
-                                         paramMap=json_params)
+        save_metadata(self.instance, path, self.sparkSession,
+                      paramMap=json_params)
         objects = {"model": self.instance.model_spec, "criterion": self.instance.criterion,
                    "preprocess": self.instance.preprocess,
                    "optimizer_factory": self.instance.optimizer_factory,
@@ -156,8 +157,8 @@ class NNModelWriter(_StageWriter):
         extra = {"output_size": int(getattr(self.instance, "output_size", 0) or 0),
                  "summary": frame.to_dict(orient="records") if frame is not None else [],
                  "inputs": [r.to_json() for r in record] if record else None}
-        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession,
-                                          extraMetadata=extra)
+        save_metadata(self.instance, path, self.sparkSession,
+                      extraMetadata=extra)
         buf = io.BytesIO()
         torch.save(self.instance.module.state_dict(), buf)
         self.files.write(path, "weights.pt", buf.getvalue())

@@ -36,12 +36,22 @@ class FileSystemAccess(Protocol):
 
 
 def is_connect_session(spark: Any) -> bool:
-    """Whether ``spark`` is a Spark Connect session (no SparkContext, no py4j)."""
+    """Whether ``spark`` is a Spark Connect session (no SparkContext, no py4j).
+
+    Every sparkdl entry point asks this before any work, so a Connect session on a pyspark
+    whose Connect client sparkdl cannot use (older than 4.1) raises
+    :class:`~sparkdl.errors.InvalidArgumentError` here, naming the version it needs
+    (:func:`sparkdl.spark_compat.check_connect_supported`)."""
     try:
         from pyspark.sql.connect.session import SparkSession as ConnectSession
     except Exception:              # the connect extra is not installed: not a Connect session
         return False
-    return isinstance(spark, ConnectSession)
+    if not isinstance(spark, ConnectSession):
+        return False
+    from ..spark_compat import check_connect_supported
+
+    check_connect_supported()
+    return True
 
 
 def files_for_session(spark: Any) -> FileSystemAccess:

@@ -141,9 +141,9 @@ def collect_messages(rdd: Any, destination: Callable[[Any], Any],
     Returns ``(head, payload)`` per message in arrival order (partition order for ``collect``),
     the payload being the destination buffer, the bytes, or None. Uses the same driver-side
     internals as ``RDD.collect`` (``PythonRDD.collectAndServe`` and
-    ``pyspark.util.local_connect_and_auth``, alike from pyspark 4.1 to 4.3)."""
+    ``local_connect_and_auth``, alike from pyspark 3.4 to 4.3; :mod:`sparkdl.spark_compat`)."""
     from pyspark.traceback_utils import SCCallSiteSync
-    from pyspark.util import local_connect_and_auth
+    from ..spark_compat import local_connect_and_auth
 
     if isinstance(rdd, JobRdd):
         sock_info = rdd.jobs.serve(rdd, call_site or "sparkdl job")
