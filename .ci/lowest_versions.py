@@ -1,9 +1,13 @@
 """The declared floors of pyproject.toml, for .ci/run's lowest-floors block.
 
-    python3 .ci/lowest_versions.py               # pip requirements at the floors: pyspark==3.4 ...
+    python3 .ci/lowest_versions.py               # the floors as pins, one per line: pyspark==3.4
     python3 .ci/lowest_versions.py --python      # the lowest Python (requires-python)
     python3 .ci/lowest_versions.py --interpreter # a path to that Python (PATH, then pyenv's)
     python3 .ci/lowest_versions.py --check PY    # PY (a venv's python) has exactly those versions
+    python3 .ci/lowest_versions.py --requirements [EXTRA ...]   # the dependencies as declared
+                                                 # (and the extras'), one per line
+
+Runs on Python 3.11+ (tomllib): .ci/run calls it with the machine's python3 or the newest venv's.
 """
 
 import glob
@@ -23,8 +27,12 @@ lowest_python = re.fullmatch(r">=\s*([0-9.]+)", project["requires-python"]).grou
 
 
 def release(version):
-    """'2' and '2.0.0' alike: the numeric release, trailing zeros dropped."""
-    parts = [int(p) for p in re.match(r"[0-9.]*[0-9]", version).group(0).split(".")]
+    """'2' and '2.0.0' alike: the numeric release, trailing zeros dropped; a pre-release or dev
+    build (1.24.0rc1) is not its release (a local suffix, 2.1.0+cpu, is)."""
+    found = re.fullmatch(r"([0-9]+(?:\.[0-9]+)*)(\+.*)?", version)
+    if not found:
+        return [-1]
+    parts = [int(p) for p in found.group(1).split(".")]
     while len(parts) > 1 and parts[-1] == 0:
         parts.pop()
     return parts
@@ -47,6 +55,9 @@ if sys.argv[1:] == ["--python"]:
     print(lowest_python)
 elif sys.argv[1:] == ["--interpreter"]:
     print(interpreter(lowest_python))
+elif sys.argv[1:2] == ["--requirements"]:
+    extras = project.get("optional-dependencies", {})
+    print("\n".join(project["dependencies"] + [r for e in sys.argv[2:] for r in extras[e]]))
 elif sys.argv[1:2] == ["--check"]:
     probe = ("import importlib.metadata as m, json, platform; print(json.dumps("
              f"{{n: m.version(n) for n in {sorted(floors)!r}}} | "
@@ -60,4 +71,4 @@ elif sys.argv[1:2] == ["--check"]:
         sys.exit(f"not the declared floors (installed, declared): {wrong}")
     print("at the declared floors:", installed)
 else:
-    print(" ".join(f"{name}=={floor}" for name, floor in floors.items()))
+    print("\n".join(f"{name}=={floor}" for name, floor in floors.items()))

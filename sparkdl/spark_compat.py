@@ -39,7 +39,7 @@ import pyspark
 
 from .errors import InvalidArgumentError
 
-__all__ = ["PYSPARK_VERSION", "LOWEST_PYSPARK", "LOWEST_CONNECT_PYSPARK",
+__all__ = ["PYSPARK_VERSION", "LOWEST_CONNECT_PYSPARK",
            "version_tuple", "local_connect_and_auth", "arrow_iterator_udf", "save_metadata",
            "load_metadata", "dataframe_from_arrow", "check_connect_supported",
            "HasBatchSize", "HasLearningRate", "HasMomentum", "HasNumTrainWorkers"]
@@ -57,9 +57,6 @@ def version_tuple(version: str) -> tuple[int, int, int]:
 
 PYSPARK_VERSION = version_tuple(pyspark.__version__)
 """The installed pyspark as ``(major, minor, patch)``."""
-
-LOWEST_PYSPARK = (3, 4, 0)
-"""The oldest pyspark sparkdl supports on classic sessions (pyproject.toml's floor)."""
 
 LOWEST_CONNECT_PYSPARK = (4, 1, 0)
 """The oldest pyspark whose Spark Connect client has what sparkdl's Connect runner uses."""
@@ -91,9 +88,11 @@ def arrow_iterator_udf(function: Callable[[Iterator[Any]], Iterator[pa.Array]],
     ``function`` gets an iterator of batches (one ``pa.Array`` per batch for one input column,
     a tuple of them for several) and yields one ``pa.Array`` of ``return_type`` (a DDL string)
     per batch. pyspark 4.1+: ``arrow_udf`` directly. Older: an iterator ``pandas_udf`` whose
-    pandas batches are turned back into Arrow arrays of the input's Arrow type, and whose
-    outputs are turned into pandas (a struct return type as a DataFrame of its fields), so
-    ``function`` sees the same arrays and values either way.
+    pandas batches are turned back into Arrow arrays, and whose outputs are turned into pandas
+    (a struct return type as a DataFrame of its fields). Values without nulls arrive as the
+    same arrays either way; pandas cannot keep what tells a null from a NaN, so there a
+    float column's NaN arrives as null, and an integer column with nulls as doubles with
+    nulls (a null row of a struct column stays a null row).
 
     Example::
 
@@ -118,9 +117,11 @@ def _to_arrow(column: Any) -> pa.Array:
     null."""
     import pandas as pd
 
-    if isinstance(column, pd.DataFrame):
+    if isinstance(column, pd.DataFrame):     # a null struct row: every field null in pandas
+        null_rows = pa.array(column.isna().all(axis=1).to_numpy(), pa.bool_())
         return pa.StructArray.from_arrays([_to_arrow(column[name]) for name in column.columns],
-                                          names=[str(name) for name in column.columns])
+                                          names=[str(name) for name in column.columns],
+                                          mask=null_rows)
     return pa.array(column, from_pandas=True)
 
 
@@ -180,7 +181,8 @@ def load_metadata(path: str, spark: Any) -> dict[str, Any]:
 def dataframe_from_arrow(spark: Any, table: pa.Table) -> Any:
     """A DataFrame holding ``table`` (pyspark 4.0+: ``spark.createDataFrame(table)``; older:
     through pandas with Spark's Arrow conversion on for this call, the schema taken from the
-    table, so list columns keep their element type).
+    table, so list columns keep their element type; there a float NaN arrives as null, and the
+    session setting is switched for the call, so do not call it from two threads at once).
 
     Example: ``dataframe_from_arrow(spark, pyarrow.table({"label": [0, 1]}))``.
     """

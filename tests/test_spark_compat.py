@@ -87,3 +87,23 @@ def test_both_udf_paths_give_the_function_the_same_arrow_arrays_and_results(spar
     assert direct[0] == via_pandas[0] == [2.0, 3.0, 4.0]
     assert direct[1] == via_pandas[1] == [(3.0, [3.0, -3.0]), (-1.0, [-1.0, 1.0]),
                                           (0.0, [0.0, -0.0])]   # a null list stays null
+
+
+def test_a_null_struct_row_stays_null_on_both_udf_paths(spark):
+    """An image-like struct column with a null row: the function sees that row as null (and
+    the other rows' fields) whichever path carries the batch."""
+    def nulls(batches):
+        for column in batches:
+            assert pa.types.is_struct(column.type), column.type
+            yield pa.array([None if column[i].is_valid is False else
+                            int(column.field("height")[i].as_py()) + len(column.field("data")[i]
+                                                                         .as_py())
+                            for i in range(len(column))], pa.int64())
+
+    df = spark.createDataFrame([((2, b"abc"),), (None,), ((5, b""),)],
+                               "image struct<height: int, data: binary>").coalesce(1)
+    direct = [r.v for r in df.select(arrow_iterator_udf(nulls, "bigint")("image").alias("v"))
+              .collect()]
+    via_pandas = [r.v for r in df.select(_pandas_iterator_udf(nulls, "bigint")("image")
+                                         .alias("v")).collect()]
+    assert direct == via_pandas == [5, None, 5]

@@ -62,6 +62,14 @@ def _idx_paths(data_dir: str) -> list[str]:
     return paths
 
 
+def _idx_length(path: str) -> int:
+    """The first dimension of an IDX file, from its header."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        header = f.read(8)
+    return int.from_bytes(header[4:8], "big")
+
+
 def _images(a: np.ndarray, standardize: bool) -> np.ndarray:
     x = (a.astype(np.float32) / 255.0).reshape(-1, 1, 28, 28)
     return (x - FASHION_MNIST_MEAN) / FASHION_MNIST_STD if standardize else x
@@ -85,9 +93,9 @@ def fashion_mnist_rdd(sc: Any, split: str = "train", partitions: int = 0,
     ``sc.textFile``, so ``data_dir`` must be readable where the executors run (any path on a
     local master; a shared file system on a cluster).
 
-    ``split``: ``"train"`` (60,000) or ``"test"`` (10,000); ``partitions`` contiguous slices
-    (0: ``sc.defaultParallelism``); ``samples``: the first ones only (0: all); images as in
-    :func:`load_fashion_mnist`.
+    ``split``: ``"train"`` (60,000 in Fashion-MNIST) or ``"test"`` (10,000); ``partitions``
+    contiguous slices (0: ``sc.defaultParallelism``); ``samples``: the first ones only (0:
+    all); images as in :func:`load_fashion_mnist`.
 
     Example::
 
@@ -97,7 +105,7 @@ def fashion_mnist_rdd(sc: Any, split: str = "train", partitions: int = 0,
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     paths = _idx_paths(data_dir)
     images_path, labels_path = paths[:2] if split == "train" else paths[2:]
-    total = 60000 if split == "train" else 10000
+    total = _idx_length(labels_path)
     samples = min(samples, total) if samples else total
     partitions = partitions or sc.defaultParallelism
 

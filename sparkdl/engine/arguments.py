@@ -30,12 +30,13 @@ def check_training_data(name: str, owner: str, value: Any) -> Any:
 
     from ..data.dataframe_arrays import DataFrameBlocks
     from ..runners.in_process import LocalPartitions
-    from ..storage.file_systems import is_connect_session
+    from ..storage.file_systems import is_connect_object
 
     if isinstance(value, (RDD, LocalPartitions, DataFrameBlocks)):
         return value
+    # a Connect DataFrame is refused for what it is, on any pyspark (upgrading would not help)
     if type(value).__name__ == "DataFrame" and \
-            is_connect_session(getattr(value, "sparkSession", None)):
+            is_connect_object(getattr(value, "sparkSession", None)):
         raise InvalidArgumentError(
             f"The '{name}' argument of {owner} is a Spark Connect DataFrame. The engine API "
             "trains on RDDs, which Spark Connect does not have: under Spark Connect use the "

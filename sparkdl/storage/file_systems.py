@@ -15,7 +15,8 @@ from typing import Any, Protocol
 from .arrow_files import ArrowFiles
 from .hadoop_files import HadoopFiles
 
-__all__ = ["FileSystemAccess", "files_for_session", "is_connect_session"]
+__all__ = ["FileSystemAccess", "files_for_session", "is_connect_session",
+           "is_connect_object"]
 
 
 class FileSystemAccess(Protocol):
@@ -42,16 +43,21 @@ def is_connect_session(spark: Any) -> bool:
     whose Connect client sparkdl cannot use (older than 4.1) raises
     :class:`~sparkdl.errors.InvalidArgumentError` here, naming the version it needs
     (:func:`sparkdl.spark_compat.check_connect_supported`)."""
-    try:
-        from pyspark.sql.connect.session import SparkSession as ConnectSession
-    except Exception:              # the connect extra is not installed: not a Connect session
-        return False
-    if not isinstance(spark, ConnectSession):
+    if not is_connect_object(spark):
         return False
     from ..spark_compat import check_connect_supported
 
     check_connect_supported()
     return True
+
+
+def is_connect_object(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect session, on any pyspark (never raises)."""
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+    except Exception:              # the connect extra is not installed: not a Connect session
+        return False
+    return isinstance(spark, ConnectSession)
 
 
 def files_for_session(spark: Any) -> FileSystemAccess:
