@@ -413,12 +413,15 @@ def test_fits_of_one_identity_in_parallel_share_a_directory_one_after_the_other(
     the second waits for the first and resumes its end; a shorter run refuses a longer one's
     checkpoint instead of returning its weights."""
     results = []
+    # built here, one after the other: build() seeds and draws from torch's global generator,
+    # which two threads would interleave (the estimators build under private_torch_rng)
+    fits = [build().set_checkpoint(str(tmp_path), SeveralIteration(2), by_fit=True)
+            for _ in range(2)]
 
-    def run():
-        opt = build().set_checkpoint(str(tmp_path), SeveralIteration(2), by_fit=True)
+    def run(opt):
         results.append((opt.optimize(), opt))
 
-    threads = [threading.Thread(target=run) for _ in range(2)]
+    threads = [threading.Thread(target=run, args=(opt,)) for opt in fits]
     for t in threads:
         t.start()
     for t in threads:
