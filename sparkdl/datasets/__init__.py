@@ -21,7 +21,8 @@ from .movielens import (MOVIELENS_HISTORY, auc, comparison_parser, cross_feature
 from .reference_models import (CrossFeatureRecommender, HistoryClassifier, MovieRecommender,
                                lenet5, mlp, predict_single_process, train_single_process)
 
-__all__ = ["load_fashion_mnist", "fashion_mnist_rdd", "read_idx", "FASHION_MNIST_DIR", "FASHION_MNIST_MEAN",
+__all__ = ["load_fashion_mnist", "fashion_mnist_rdd", "read_idx", "FASHION_MNIST_DIR",
+           "FASHION_MNIST_MEAN",
            "FASHION_MNIST_STD", "FASHION_MNIST_CLASSES", "adult_paths", "read_adult",
            "adult_feature_stages", "lenet5", "mlp", "movielens_path", "read_movielens_pandas",
            "load_movielens", "time_split", "split_for_comparison", "comparison_parser", "MOVIELENS_HISTORY", "rmse", "auc",
