@@ -209,21 +209,6 @@ def test_cross_validator_picks_a_model_and_saves(spark, tmp_path):
         collect(cv_model.transform(df), "prediction")
 
 
-def test_adult_census_pipeline_reaches_0_84(spark):
-    from sparkdl.datasets import adult_feature_stages, adult_paths, read_adult
-
-    train_path, test_path = adult_paths()
-    train, test = read_adult(spark, train_path), read_adult(spark, test_path)
-    stages = adult_feature_stages("features")
-    width = Pipeline(stages=stages).fit(train).transform(train).first()["features"].size
-    clf = NNClassifier(model=lambda: torch.nn.Sequential(torch.nn.Linear(width, 64),
-                                                         torch.nn.ReLU(), torch.nn.Linear(64, 2)),
-                       criterion=torch.nn.CrossEntropyLoss(), batchSize=512, maxEpoch=4,
-                       learningRate=0.005, seed=0)
-    model = Pipeline(stages=stages + [clf]).fit(train)
-    assert accuracy(model.transform(test)) >= 0.84
-
-
 def test_module_is_copied_never_mutated_and_optimizer_factory_is_used(spark):
     torch.manual_seed(0)
     net = mlp4()

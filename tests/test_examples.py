@@ -55,14 +55,14 @@ def test_engine_example_under_spark_submit_with_checkpoints(tmp_path):
 
 @pytest.mark.skipif(not os.path.isdir(FASHION), reason="apt-get install dataset-fashion-mnist")
 def test_dataframe_lenet_example_reaches_its_target(tmp_path):
-    """The example on all 60,000 images for 3 of its 8 epochs (CI's time): test accuracy >= 0.85
-    (0.8697 in a venv built on 2026-11-24, 0.8592 in one built on 2026-11-25: the same code,
-    fc4731e, and seed; the README's 8-epoch figure, 0.898, is not rerun in CI)."""
-    proc = spark_submit("lenet_fashion_mnist_dataframe.py", "--epochs", "3", "--model-dir",
-                        str(tmp_path / "m"), "--min-accuracy", "0.85", timeout=2400)
-    assert metric(proc) >= 0.85
+    """The example on all 60,000 images for 2 of its 8 epochs (CI's time): test accuracy >= 0.84
+    (0.8628 on 2026-11-26; 3 epochs gave 0.8697 and 0.8592 in venvs built a day apart, the same
+    code and seed; the README's 8-epoch figure, 0.898, is not rerun in CI)."""
+    proc = spark_submit("lenet_fashion_mnist_dataframe.py", "--epochs", "2", "--model-dir",
+                        str(tmp_path / "m"), "--min-accuracy", "0.84", timeout=2400)
+    assert metric(proc) >= 0.84
     log = proc.stdout + proc.stderr
-    assert "Top1Accuracy" in log and "epoch 3 iteration 354 (118/118)" in log
+    assert "Top1Accuracy" in log and "epoch 2 iteration 236 (118/118)" in log
     assert "weights.pt" in os.listdir(tmp_path / "m")
 
 
