@@ -254,7 +254,7 @@ class Py4jCounter:
         from sparkdl.runners.spark_rdd import SparkRddRunner
 
         self._patched = [(ClientServerConnection, "send_command"),
-                         (SparkRddRunner, "gradients")]
+                         (SparkRddRunner, "gradients_together")]
         self._saved = [getattr(c, n) for c, n in self._patched]
         send, gradients, counter = self._saved[0], self._saved[1], self
         thread = threading.get_ident()
@@ -269,7 +269,7 @@ class Py4jCounter:
             return gradients(runner, *a, **k)
 
         ClientServerConnection.send_command = counted_send
-        SparkRddRunner.gradients = marked_gradients
+        SparkRddRunner.gradients_together = marked_gradients
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -557,35 +557,39 @@ class DistriOptimizer:
 
     # ----------------------------------------------------------------------------- training
     def optimize(self) -> nn.Module:
-        """Train until the end trigger fires; return the trained model (the same object)."""
-        from ..runners import runner_for
+        """Train until the end trigger fires; return the trained model (the same object).
 
+        This is a set of one fit (:class:`sparkdl.engine.fit_set.FitSet`): to train several
+        fits over the same data in one sequence of jobs, give them to ``FitSet``."""
+        from .fit_set import FitSet
+
+        FitSet([self]).run()
+        return self.model
+
+    def _begin(self, runner: Any) -> "_FitRun":
+        """Everything before this fit's first iteration, on ``runner`` (a
+        :class:`sparkdl.engine.fit_set.FitView` of the pass's runner): the checks, the
+        checkpoint directory and its resume, the data held (once per pass), the dry run, the
+        plan, the model shipped to the tasks. Returns the fit's run, whose ``loop`` the pass
+        drives; :meth:`_end` ends it, whatever happened."""
         self._check_trigger_metrics()
         self.layout = ParamLayout(self.model)        # as the model is now (requires_grad flags)
         check_sparse_gradients(_OWNER, self.model, self.layout, self.optimizer,
                                self._clipping is not None)
         for trigger in self.end_trigger.walk():
             trigger.reset()
-        runner = runner_for(self.training_rdd, self.exchange_dir)
         runner.check_device(self.settings.runner_options.device)
         setup = self._checkpoint_setup
         # only checkpoints need the identity (hashing every weight and function costs time)
         identity = fit_identity(self) if setup is not None else {}
         checkpoints = (Checkpoints(setup, self._checkpoint_store(setup.path))
                        if setup is not None and not setup.by_fit else None)
-        held = contextlib.ExitStack()      # this process's other fits keep out of its directory
-        if checkpoints is not None:
-            held.enter_context(exclusive_directory(setup.path))
+        run = _FitRun(runner)
+        if checkpoints is not None:      # this process's other fits keep out of its directory
+            run.held.enter_context(exclusive_directory(setup.path))
         try:
             resumed = checkpoints.latest(self.model) if checkpoints is not None else None
-        except BaseException:
-            held.close()
-            raise
-        dtype = self.layout.data_dtype.str
-        ctx: RunContext | None = None
-        tracker: MlflowTracker | None = None
-        failure: BaseException | None = None
-        try:
+            dtype = self.layout.data_dtype.str
             train = runner.load(self.training_rdd, "training", dtype, self.sequence_inputs)
             self.data_spec = summarize(train.summaries, "training")
             param_dtype = self.layout.param_dtype
@@ -617,12 +621,13 @@ class DistriOptimizer:
                              runner, train, plan, self._validation, checkpoints, self._clipping,
                              LossScaler() if self.settings.runner_options.precision == "16-mixed"
                              else None)
+            run.ctx = ctx
             if setup is not None:
                 ctx.fit_key = dict(identity, data=data_digest(train.summaries))
             ctx.training_step = self.training_step
             if setup is not None and setup.by_fit:   # this fit's own subdirectory
                 directory = f"{setup.path.rstrip('/')}/{identity_directory(ctx.resume_key())}"
-                held.enter_context(exclusive_directory(directory))
+                run.held.enter_context(exclusive_directory(directory))
                 ctx.checkpoints = checkpoints = Checkpoints(
                     dataclasses.replace(setup, path=directory), self._checkpoint_store(directory))
                 resumed = checkpoints.latest(self.model)
@@ -639,23 +644,46 @@ class DistriOptimizer:
                      "per epoch, %s", plan.num_samples, plan.num_partitions, self.batch_size,
                      plan.iterations_per_epoch, how)
             log.info("tasks use their cores as %s", cores_use)
-            tracker = self._mlflow_tracker(plan)
-            ctx.listeners = [tracker] if tracker is not None else []
-            TrainingLoop(ctx).run()
+            run.tracker = self._mlflow_tracker(plan)
+            ctx.listeners = [run.tracker] if run.tracker is not None else []
+            run.loop = TrainingLoop(ctx)
         except BaseException as exc:
-            failure = exc
+            run.failure = exc
+            self._end(run)
             raise
-        finally:
-            held.close()
-            if ctx is not None:
-                self.summary, self.iteration = ctx.summary, ctx.iteration
-                _count_rebuilds(ctx.summary, [ctx.train] + (
-                    [self._validation.held] if self._validation is not None and
-                    self._validation.held is not None else []))
-            if self._validation is not None:
-                self._validation.held = None
-            runner.close()
-            if tracker is not None:
-                tracker.finish(self.summary, failure)
-                self.mlflow_run_id = tracker.run_id
-        return self.model
+        return run
+
+    def _end(self, run: "_FitRun") -> None:
+        """After the fit's last iteration, or its failure (``run.failure``): the summary, the
+        checkpoint directory released, the fit's replicas released (the pass closes its
+        runner), MLflow told."""
+        if run.ended:
+            return
+        run.ended = True
+        run.held.close()
+        ctx = run.ctx
+        if ctx is not None:
+            self.summary, self.iteration = ctx.summary, ctx.iteration
+            _count_rebuilds(ctx.summary, [ctx.train] + (
+                [self._validation.held] if self._validation is not None and
+                self._validation.held is not None else []))
+        if self._validation is not None:
+            self._validation.held = None
+        run.runner.close()
+        if run.tracker is not None:
+            run.tracker.finish(self.summary, run.failure)
+            self.mlflow_run_id = run.tracker.run_id
+
+
+@dataclasses.dataclass
+class _FitRun:
+    """One fit's run in a pass: its runner view, context, loop, checkpoint directories held,
+    MLflow tracker and failure."""
+
+    runner: Any
+    ctx: RunContext | None = None
+    loop: TrainingLoop | None = None
+    tracker: MlflowTracker | None = None
+    failure: BaseException | None = None
+    held: contextlib.ExitStack = dataclasses.field(default_factory=contextlib.ExitStack)
+    ended: bool = False

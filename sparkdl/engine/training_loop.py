@@ -39,6 +39,7 @@ from ..transport.table_rows import gather_rows, rows_finite, scale_rows
 from ..transport.weight_refresh import DriverWeights, StateVersion, row_local_tables
 from ..triggers import EarlyStopping, TrainingState, planned_iterations
 from .optimizer_sequence import needs_closure, optimizer_members, scheduler_needs_metric
+from .pass_loop import PassLoop
 from .progress import ProgressReporter
 from .recovery import run_with_recovery
 from .run_context import RunContext
@@ -93,8 +94,16 @@ class TrainingLoop:
         self._used_scale = 0.0
         self._closure = needs_closure(ctx.optimizer)
         self._metric_scheduler = scheduler_needs_metric(ctx.lr_scheduler)
+        self._reporter: ProgressReporter | None = None
+        self._iteration_level = logging.INFO
 
     def run(self) -> None:
+        """Train this fit alone: a pass of one (:class:`sparkdl.engine.pass_loop.PassLoop`)."""
+        PassLoop([self]).run()
+
+    def start(self) -> bool:
+        """Before the first iteration: False when the end trigger had already fired (a resumed
+        run that had ended), else the progress reporting starts and the loop is ready."""
         ctx = self.ctx
         per_epoch = ctx.plan.iterations_per_epoch
         if ctx.validation is not None:
@@ -107,14 +116,33 @@ class TrainingLoop:
                 self._restore_best()
                 log.info("the end trigger had already fired at iteration %d: nothing to train",
                          ctx.iteration)
-                return
-        reporter = ProgressReporter(ctx.settings.progress_bar, ctx.settings.tensorboard_dir,
-                                    per_epoch, planned_iterations(ctx.end_trigger, per_epoch),
-                                    ctx.iteration, listeners=ctx.listeners)
-        try:
-            self._iterate(reporter)
-        finally:
+                return False
+        self._reporter = ProgressReporter(ctx.settings.progress_bar,
+                                          ctx.settings.tensorboard_dir, per_epoch,
+                                          planned_iterations(ctx.end_trigger, per_epoch),
+                                          ctx.iteration, listeners=ctx.listeners)
+        self._iteration_level = logging.DEBUG if self._reporter.console else logging.INFO
+        self._weights = DriverWeights(ctx.layout, ctx.model, self._row_local())
+        self._next_weights = self._weights.current()
+        return True
+
+    def close(self) -> None:
+        """End the progress reporting (after the last iteration or a failure)."""
+        reporter, self._reporter = self._reporter, None
+        if reporter is not None:
             reporter.close()
+
+    def request(self) -> tuple[StepSpec, StateVersion]:
+        """The next iteration's step and weights: what its gradient job computes."""
+        epoch, step = self.ctx.plan.epoch_and_step(self.ctx.iteration)
+        self._spec = self._step_spec(epoch, step)
+        self._t_start = time.perf_counter()
+        self._rebuilt_before = self.ctx.train.shards_rebuilt
+        return self._spec, self._next_weights
+
+    def job_name(self) -> str:
+        """The next iteration, for logs and errors."""
+        return f"iteration {self.ctx.iteration + 1}"
 
     def _step_spec(self, epoch: int, step: int) -> StepSpec:
         ctx = self.ctx
@@ -127,18 +155,24 @@ class TrainingLoop:
                         ctx.settings.sub_replicas)
 
     def _gradients(self, step: StepSpec, weights: StateVersion) -> AllReduceResult:
+        """A gradient job of this fit alone (a closure optimizer's later evaluations)."""
         ctx = self.ctx
         result = run_with_recovery(
             ctx.runner, ctx.train, lambda: ctx.runner.gradients(ctx.train, step, weights),
-            lambda r: r.missing_partitions, f"iteration {ctx.iteration + 1}")
+            lambda r: r.missing_partitions, self.job_name())
+        return self.checked(step, result)
+
+    def checked(self, step: StepSpec, result: AllReduceResult) -> AllReduceResult:
+        """A job's result for this fit, its tasks' errors raised and its sums normalised."""
+        ctx = self.ctx
         # raised in a task, a retry cannot fix it: reported, raised here as itself
-        raise_reported(result.reports, f"iteration {ctx.iteration + 1}")
+        raise_reported(result.reports, self.job_name())
         if result.vector is None:
-            raise SparkdlError(f"iteration {ctx.iteration + 1}: no partition produced a gradient")
+            raise SparkdlError(f"{self.job_name()}: no partition produced a gradient")
         if ctx.layout.tables and result.rows is None:
             result.rows = gather_rows(result.reports, ctx.layout.numpy_dtype)
         if ctx.settings.sample_weights or ctx.normalised_loss:
-            _normalize(result, step.batch_size, f"iteration {ctx.iteration + 1}",
+            _normalize(result, step.batch_size, self.job_name(),
                        ctx.settings.sample_weights, ctx.training_step is not None)
         devices = sorted({r.device for r in result.reports if r.count} - self._devices)
         if devices:
@@ -150,61 +184,61 @@ class TrainingLoop:
                         "(tasks are deterministic)", retried)
         return result
 
-    def _iterate(self, reporter: ProgressReporter) -> None:
+    def complete(self, result: AllReduceResult) -> bool:
+        """The iteration :meth:`request` asked for, given its job's result (not yet
+        :meth:`checked`): the update, the record, validation, checkpoints and the triggers.
+        True when the end trigger fired (the fit is done)."""
         ctx = self.ctx
+        reporter = self._reporter
+        assert reporter is not None
+        spec, t_start = self._spec, self._t_start
         per_epoch = ctx.plan.iterations_per_epoch
-        iteration_level = logging.DEBUG if reporter.console else logging.INFO
-        self._weights = DriverWeights(ctx.layout, ctx.model, self._row_local())
-        weights = self._weights.current()
-        while True:
-            epoch, step = ctx.plan.epoch_and_step(ctx.iteration)
-            spec = self._step_spec(epoch, step)
-            t_start = time.perf_counter()
-            rebuilt_before = ctx.train.shards_rebuilt
-            state_vector = weights.state
-            result = self._gradients(spec, weights)
-            t_update = time.perf_counter()
-            loss = _batch_loss(result)
-            lr = float(ctx.optimizer.param_groups[0]["lr"])
-            if ctx.loss_scaler is None:
-                self._stop_if_not_finite(loss, result.vector, result.rows)
-            local_before = self._row_local()
-            self._update(spec, state_vector, result)
-            epoch_finished = step == per_epoch - 1
-            scheduler_due = ctx.lr_scheduler is not None and (
-                ctx.settings.lr_scheduler_step == "iteration" or epoch_finished)
-            if scheduler_due and not self._metric_scheduler:
-                ctx.lr_scheduler.step()
-            weights = self._refreshed(result, local_before)
-            state_vector = weights.state
-            update_s = time.perf_counter() - t_update
-            ctx.iteration += 1
-            state = TrainingState(ctx.iteration, epoch + int(epoch_finished), epoch_finished,
-                                  loss=loss, metrics=dict(self._metrics))
-            record = self._record(result, epoch, spec.batch_size, loss, lr, update_s,
-                                  time.perf_counter() - t_start,
-                                  ctx.train.shards_rebuilt - rebuilt_before)
-            log.log(iteration_level,
-                    "epoch %d iteration %d (%d/%d): records %d, loss %.6g, %.0f samples/s",
-                    epoch + 1, ctx.iteration, step + 1, per_epoch, spec.batch_size, loss,
-                    record.samples_per_s)
-            reporter.iteration(record)
-            if ctx.validation is not None and ctx.validation.trigger(state):
-                validation = ctx.validation.run(ctx, state_vector, state)
-                reporter.validation(validation)
-                self._metrics = dict(validation.metrics)
-                state = dataclasses.replace(state, metrics=dict(self._metrics), validated=True)
-            if scheduler_due and self._metric_scheduler:
-                ctx.lr_scheduler.step(self._scheduler_metric(state, epoch, loss))
-            ended = ctx.end_trigger(state)
-            self._remember_best(state)
-            if ctx.checkpoints is not None and ctx.checkpoints.setup.trigger(state):
-                ctx.checkpoints.write(ctx)
-            if ended:
-                self._restore_best()
-                log.info("training finished after %d iterations (%d epochs): loss %.6g",
-                         ctx.iteration, state.epoch, loss)
-                return
+        epoch, step = ctx.plan.epoch_and_step(ctx.iteration)
+        state_vector = self._next_weights.state
+        result = self.checked(spec, result)
+        t_update = time.perf_counter()
+        loss = _batch_loss(result)
+        lr = float(ctx.optimizer.param_groups[0]["lr"])
+        if ctx.loss_scaler is None:
+            self._stop_if_not_finite(loss, result.vector, result.rows)
+        local_before = self._row_local()
+        self._update(spec, state_vector, result)
+        epoch_finished = step == per_epoch - 1
+        scheduler_due = ctx.lr_scheduler is not None and (
+            ctx.settings.lr_scheduler_step == "iteration" or epoch_finished)
+        if scheduler_due and not self._metric_scheduler:
+            ctx.lr_scheduler.step()
+        weights = self._refreshed(result, local_before)
+        self._next_weights = weights
+        state_vector = weights.state
+        update_s = time.perf_counter() - t_update
+        ctx.iteration += 1
+        state = TrainingState(ctx.iteration, epoch + int(epoch_finished), epoch_finished,
+                              loss=loss, metrics=dict(self._metrics))
+        record = self._record(result, epoch, spec.batch_size, loss, lr, update_s,
+                              time.perf_counter() - t_start,
+                              ctx.train.shards_rebuilt - self._rebuilt_before)
+        log.log(self._iteration_level,
+                "epoch %d iteration %d (%d/%d): records %d, loss %.6g, %.0f samples/s",
+                epoch + 1, ctx.iteration, step + 1, per_epoch, spec.batch_size, loss,
+                record.samples_per_s)
+        reporter.iteration(record)
+        if ctx.validation is not None and ctx.validation.trigger(state):
+            validation = ctx.validation.run(ctx, state_vector, state)
+            reporter.validation(validation)
+            self._metrics = dict(validation.metrics)
+            state = dataclasses.replace(state, metrics=dict(self._metrics), validated=True)
+        if scheduler_due and self._metric_scheduler:
+            ctx.lr_scheduler.step(self._scheduler_metric(state, epoch, loss))
+        ended = ctx.end_trigger(state)
+        self._remember_best(state)
+        if ctx.checkpoints is not None and ctx.checkpoints.setup.trigger(state):
+            ctx.checkpoints.write(ctx)
+        if ended:
+            self._restore_best()
+            log.info("training finished after %d iterations (%d epochs): loss %.6g",
+                     ctx.iteration, state.epoch, loss)
+        return ended
 
     # ------------------------------------------------------------------ the weights' refresh
     def _row_local(self) -> set[int]:

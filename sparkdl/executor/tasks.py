@@ -34,8 +34,8 @@ from .shard_store import ShardSummary, build_shard, drop_run, open_shard
 from .step import (PartitionMetrics, StepSpec, TaskReport, compute_gradient,
                    compute_metric_sums, set_task_threads)
 
-__all__ = ["PickledSpec", "GradientTask", "EvaluationTask", "ShardBuildTask", "CleanupTask",
-           "FillTask"]
+__all__ = ["PickledSpec", "GradientTask", "PassGradientTask", "PassReport", "EvaluationTask",
+           "ShardBuildTask", "CleanupTask", "FillTask"]
 
 
 class PickledSpec:
@@ -94,6 +94,65 @@ class GradientTask:
                 raise
             return None, TaskReport(partition=partition, attempt=_attempt(), fatal=fatal)
         report.device = f"{choice.device} ({choice.reason})"
+        return vector, report
+
+
+@dataclass
+class PassReport:
+    """A pass's task report (:class:`PassGradientTask`): each fit's own :class:`TaskReport`,
+    in the pass's order, and what the AllReduce and the repair loop read of a task."""
+
+    partition: int
+    fits: list[TaskReport]
+    absent: tuple[tuple[int, int], ...] = ()
+    """The ranges of the pass's vector whose fit took no rows here (their zeros are not
+    added: :func:`sparkdl.transport.allreduce.sum_in_order`)."""
+    attempt: int = 0
+    missing_shard: bool = False
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    full_read: bool = False
+    fatal: tuple[str, str] | None = None
+    table_rows: None = None
+
+
+@dataclass
+class PassGradientTask:
+    """One iteration of a pass (several fits over one data set, :mod:`sparkdl.engine.fit_set`):
+    every fit's :class:`GradientTask` on the partition's shard, opened once, their vectors one
+    after another (``sizes``: each fit's vector length; a fit without rows here leaves zeros
+    that the AllReduce skips), and a :class:`PassReport`."""
+
+    data_key: str
+    fits: list[GradientTask]
+    sizes: list[int]
+    dtype: str
+    live: LiveRuns | None = None
+
+    def __call__(self, partition: int, summary: Any) -> tuple[np.ndarray | None, PassReport]:
+        evict_finished(self.live)
+        wanted = any(int(fit.step.counts[partition]) for fit in self.fits)
+        return self.compute(partition, open_shard(self.data_key, partition) if wanted else None)
+
+    def compute(self, partition: int, shard: Any) -> tuple[np.ndarray | None, PassReport]:
+        """Every fit's step on ``shard`` (None: not here, reported as a missing shard by each
+        fit that has rows here)."""
+        results = [fit.compute(partition, shard) for fit in self.fits]
+        reports = [report for _, report in results]
+        report = PassReport(partition, reports, attempt=_attempt(),
+                            missing_shard=any(r.missing_shard for r in reports),
+                            started_at=min((r.started_at for r in reports), default=0.0),
+                            finished_at=max((r.finished_at for r in reports), default=0.0),
+                            full_read=any(r.full_read for r in reports))
+        bounds = np.concatenate([[0], np.cumsum(self.sizes)]).tolist()
+        report.absent = tuple((bounds[k], bounds[k + 1]) for k, (part, _) in enumerate(results)
+                              if part is None)
+        if all(part is None for part, _ in results):
+            return None, report
+        vector = np.zeros(bounds[-1], dtype=self.dtype)
+        for k, (part, _) in enumerate(results):
+            if part is not None:
+                vector[bounds[k]:bounds[k + 1]] = part
         return vector, report
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -49,7 +50,8 @@ from ..transport.flat_layout import ParamLayout
 from .engine_settings import configure_engine, end_trigger
 from .inference import predict_column
 from .mlflow_models import training_example
-from .mlflow_runs import check_logging, fit_multiple
+from .fit_together import fit_together
+from .mlflow_runs import check_logging
 from .params import NNClassifierParams, NNParams, validate_params
 from .persistence import NNModelReader, NNModelWriter, NNStageReader, NNStageWriter
 
@@ -200,6 +202,21 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
         return model
 
     def _fit(self, dataset: DataFrame) -> Any:
+        fit = self._prepare_fit(dataset, {})
+        try:
+            fit.engine.optimize()
+        except Exception as exc:
+            better = fit.explained(exc)
+            if better is exc:
+                raise
+            raise better from exc
+        return fit.fitted()
+
+    def _prepare_fit(self, dataset: DataFrame, data_cache: dict[Any, Any]) -> "_PreparedFit":
+        """Everything before training: the checks, the model, its optimizer, the data as the
+        engine reads it (the same object for every fit of ``data_cache`` that reads the data
+        the same way, so that :class:`sparkdl.FitSet` trains them in one pass) and the
+        engine."""
         validate_params(self)
         check_logging(self)
         if self.criterion is None and self.training_step is None:
@@ -256,13 +273,19 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
             class_index = True       # token indices), -100 (Hugging Face's ignored label) kept
             ignore_label = getattr(self.training_step, "ignore_index", IGNORE_INDEX)
 
-        def blocks(df: DataFrame) -> Any:   # an RDD on classic sessions, DataFrames on Connect
-            data = frame_blocks(df, sources, label_col, self._classifier, shape,
-                                self.preprocess, workers, float_dtype, weight_col,
-                                class_index, ignore_label)
-            return data if connect else data.to_rdd()
+        def blocks(df: DataFrame, part: str) -> Any:   # an RDD on classic sessions,
+            # DataFrames on Connect; one object for the fits that read the data the same way
+            key = (part, tuple(repr(s) for s in sources), label_col, self._classifier,
+                   repr(shape), id(self.preprocess), workers, str(float_dtype), weight_col,
+                   class_index, ignore_label, indicator)
+            if key not in data_cache:
+                data = frame_blocks(df, sources, label_col, self._classifier, shape,
+                                    self.preprocess, workers, float_dtype, weight_col,
+                                    class_index, ignore_label)
+                data_cache[key] = data if connect else data.to_rdd()
+            return data_cache[key]
 
-        train_data = blocks(train_df)
+        train_data = blocks(train_df, "training")
         scheduler = self.lr_scheduler(optimizer) if self.lr_scheduler is not None else None
         engine = DistriOptimizer(model, train_data, self.criterion, optimizer,
                                  batch_size=get("batchSize"), end_trigger=end_trigger(self),
@@ -287,33 +310,49 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
         engine._input_names = tuple(s.name for s in sources)   # named in id range errors
         if get("tensorboardDir"):
             engine.set_tensorboard(get("tensorboardDir"))
-        configure_engine(self, engine, None if val_df is None else blocks(val_df))
-        try:
-            trained = engine.optimize()
-        except EmptyDataError as exc:
-            raise EmptyDataError(_empty_data_message(dataset, indicator, exc.what),
-                                 exc.what) from exc
-        except (TrainingDataError, ModelCriterionMismatchError) as exc:
-            names = ", ".join(f"'{s.name}'" for s in sources)
-            weights = f", weights: column '{weight_col}'" if weight_col else ""
-            raise type(exc)(f"{exc} (features: column{'s' if len(sources) > 1 else ''} {names}, "
-                            f"labels: column '{label_col}'{weights})") from exc
-        fitted = self._model_class()(trained, self.preprocess, self.collate)
-        fitted.output_size = _output_size(trained, engine)
-        fitted.input_record = fitted_inputs(sources, dataset.schema,
-                                            engine.data_spec.feature_shapes,
-                                            self.preprocess is None)
-        fitted._resetUid(self.uid)
-        self._copyValues(fitted)
-        fitted.summary_frame = _epoch_summary(engine)
-        fitted.mlflow_run_id, fitted.training_example = engine.mlflow_run_id, \
-            training_example(engine)
-        return fitted
+        configure_engine(self, engine, None if val_df is None else blocks(val_df, "validation"))
+
+        def explained(exc: Exception) -> Exception:
+            if isinstance(exc, EmptyDataError):
+                return EmptyDataError(_empty_data_message(dataset, indicator, exc.what),
+                                      exc.what)
+            if isinstance(exc, (TrainingDataError, ModelCriterionMismatchError)):
+                names = ", ".join(f"'{s.name}'" for s in sources)
+                weights = f", weights: column '{weight_col}'" if weight_col else ""
+                return type(exc)(f"{exc} (features: column{'s' if len(sources) > 1 else ''} "
+                                 f"{names}, labels: column '{label_col}'{weights})")
+            return exc
+
+        def fitted() -> Any:
+            trained = engine.model
+            out = self._model_class()(trained, self.preprocess, self.collate)
+            out.output_size = _output_size(trained, engine)
+            out.input_record = fitted_inputs(sources, dataset.schema,
+                                             engine.data_spec.feature_shapes,
+                                             self.preprocess is None)
+            out._resetUid(self.uid)
+            self._copyValues(out)
+            out.summary_frame = _epoch_summary(engine)
+            out.mlflow_run_id, out.training_example = engine.mlflow_run_id, \
+                training_example(engine)
+            return out
+
+        return _PreparedFit(engine, explained, fitted)
 
     def fitMultiple(self, dataset: DataFrame, paramMaps: Any) -> Any:
-        """Fit one model per param map (pyspark's contract); with ``mlflowLogging`` each fit
-        logs to a child run of the MLflow run active here (:mod:`sparkdl.ml.mlflow_runs`)."""
-        return fit_multiple(self, dataset, paramMaps)
+        """Fit one model per param map, together (pyspark's contract: a thread-safe iterator of
+        ``(index, model)``). The param maps that read the same columns the same way train in
+        one pass over data held once (:class:`sparkdl.FitSet`; the others in passes of their
+        own, logged); every model is bitwise the one ``fit`` gives for its param map. With
+        ``mlflowLogging`` each fit logs to a child run of the MLflow run active here
+        (:mod:`sparkdl.ml.mlflow_runs`).
+
+        Example::
+
+            grid = ParamGridBuilder().addGrid(clf.learningRate, [0.1, 0.01]).build()
+            models = dict(clf.fitMultiple(df, grid))      # both trained in one pass
+        """
+        return fit_together(self, dataset, paramMaps)
 
     def _model_class(self) -> type:
         return NNClassifierModel if self._classifier else NNModel
@@ -324,6 +363,16 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
     @classmethod
     def read(cls) -> Any:
         return NNStageReader(cls)
+
+
+@dataclass
+class _PreparedFit:
+    """An estimator's fit ready to train: its engine, how its errors are explained in the
+    DataFrame's terms, and the fitted model, once the engine trained."""
+
+    engine: DistriOptimizer
+    explained: Callable[[Exception], Exception]
+    fitted: Callable[[], Any]
 
 
 def _initial_weights(owner: str, initial: Any) -> dict[str, torch.Tensor] | None:

@@ -27,11 +27,11 @@ Example::
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 from ..engine.mlflow_tracking import active_run_id, check_mlflow
 
-__all__ = ["check_logging", "fit_multiple", "configure_mlflow", "stage_params"]
+__all__ = ["check_logging", "tuning_stages", "configure_mlflow", "stage_params"]
 
 _PARENT = "_sparkdl_mlflow_parent"
 _INDEX = "_sparkdl_mlflow_fit_index"
@@ -45,21 +45,19 @@ def check_logging(stage: Any) -> None:
         check_mlflow(f"{type(stage).__name__} (mlflowLogging=True)")
 
 
-def fit_multiple(estimator: Any, dataset: Any, param_maps: Sequence[Any]) -> Iterator[Any]:
-    """``Estimator.fitMultiple`` that remembers the run active now, so that every fit, on any
-    thread, logs to a child run of it (pyspark's thread-safe iterator of ``(index, model)``)."""
-    from pyspark.ml.base import _FitMultipleIterator
-
+def tuning_stages(estimator: Any, param_maps: Sequence[Any]) -> list[Any]:
+    """One copy of ``estimator`` per param map for ``fitMultiple``, each remembering the run
+    active now, its index and its map, so that every fit, on any thread, logs to a child run of
+    that run."""
     base = estimator.copy()
     setattr(base, _PARENT, active_run_id())
-
-    def fit_one(index: int) -> Any:
-        stage = base.copy(param_maps[index])
+    stages = []
+    for index, param_map in enumerate(param_maps):
+        stage = base.copy(param_map)
         setattr(stage, _INDEX, index)
-        setattr(stage, _MAP, {p.name: v for p, v in param_maps[index].items()})
-        return stage.fit(dataset)
-
-    return _FitMultipleIterator(fit_one, len(param_maps))
+        setattr(stage, _MAP, {p.name: v for p, v in param_map.items()})
+        stages.append(stage)
+    return stages
 
 
 def stage_params(stage: Any, engine: Any) -> dict[str, Any]:

@@ -87,19 +87,32 @@ def _task_environment() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+@dataclass
+class _Fit:
+    """One fit of the in-process runner: its spec's pickle, its replicas (by sub-replica), its
+    layout, codec, precision and weights' refresh."""
+
+    spec: bytes
+    replicas: dict[int, Replica]
+    layout: ParamLayout
+    codec: Any
+    precision: str
+    publisher: RefreshPublisher
+
+    def replica(self, sub: int = 0) -> Replica:
+        if sub not in self.replicas:      # another copy, as a worker unpickles it
+            self.replicas[sub] = Replica(pickle.loads(self.spec), str(self.replicas[0].device))
+        return self.replicas[sub]
+
+
 class InProcessRunner:
     """Runs the loop's jobs in this process (see the module docstring)."""
 
     spark_context = None
 
     def __init__(self) -> None:
-        self._replica: Replica | None = None
-        self._spec: bytes | None = None
-        self._publisher: RefreshPublisher | None = None
-        self._sub_replicas: dict[int, Replica] = {}
-        self._layout: ParamLayout | None = None
-        self._codec: Any = None
-        self._precision = "32"
+        self._fits: dict[int, _Fit] = {}
+        self._default: int | None = None
 
     def task_cores(self) -> int:
         return 1            # tasks run one after another, each with one torch thread
@@ -128,58 +141,74 @@ class InProcessRunner:
 
     def start(self, spec: ReplicaSpec, layout: ParamLayout, options: RunnerOptions,
               train: InProcessData) -> str:
+        fit, how = self.add_fit(spec, layout, options, train)
+        if self._default is None:
+            self._default = fit
+        return how
+
+    def add_fit(self, spec: ReplicaSpec, layout: ParamLayout, options: RunnerOptions,
+                train: InProcessData) -> tuple[int, str]:
+        """One more fit (see :meth:`sparkdl.runners.spark_rdd.SparkRddRunner.add_fit`)."""
         from pyspark import cloudpickle
 
         # A worker's replica is unpickled from the broadcast spec: the same round trip here.
         device = "cuda:0" if options.device != "cpu" and torch.cuda.is_available() else "cpu"
-        self._spec = cloudpickle.dumps(spec)
-        self._replica = Replica(pickle.loads(self._spec), device)
-        self._sub_replicas: dict[int, Replica] = {}
-        self._precision = options.precision
-        self._layout = layout
-        self._codec = make_codec(options.compression, layout.numpy_dtype,
-                                 layout.num_param_values)
+        pickled = cloudpickle.dumps(spec)
+        number = max(self._fits, default=-1) + 1
         # the same refresh as the executors' (row deltas), with values held in this process
-        self._publisher = RefreshPublisher(HeldValue, layout.fingerprint)
-        return (f"in-process sum of {layout.size} values"
-                + (f" (gradients in {options.compression})" if options.compression else ""))
-
-    def _replica_of(self, sub: int = 0) -> Replica:
-        assert self._replica is not None and self._spec is not None
-        if sub == 0:
-            return self._replica
-        if sub not in self._sub_replicas:      # another copy, as a worker unpickles it
-            self._sub_replicas[sub] = Replica(pickle.loads(self._spec),
-                                              str(self._replica.device))
-        return self._sub_replicas[sub]
+        self._fits[number] = _Fit(
+            pickled, {0: Replica(pickle.loads(pickled), device)}, layout,
+            make_codec(options.compression, layout.numpy_dtype, layout.num_param_values),
+            options.precision, RefreshPublisher(HeldValue, layout.fingerprint))
+        return number, (f"in-process sum of {layout.size} values"
+                        + (f" (gradients in {options.compression})"
+                           if options.compression else ""))
 
     def gradients(self, data: InProcessData, step: StepSpec, weights: StateVersion
                   ) -> AllReduceResult:
-        assert self._layout is not None and self._publisher is not None
+        assert self._default is not None
+        return self.gradients_together(data, [(self._default, step, weights)])[0]
+
+    def gradients_together(self, data: InProcessData,
+                           entries: Sequence[tuple[int, StepSpec, StateVersion]]
+                           ) -> list[AllReduceResult]:
+        """Every fit's iteration, partition by partition (each partition's fits in the
+        entries' order, as a pass's task computes them), each fit summed on its own."""
         submitted_at = time.time()
-        refresh = self._publisher.publish(weights)
-        reports, parts = [], []
+        fits = [self._fits[number] for number, _, _ in entries]
+        refreshes = [fit.publisher.publish(weights)
+                     for fit, (_, _, weights) in zip(fits, entries)]
+        reports: list[list[Any]] = [[] for _ in entries]
+        parts: list[list[Any]] = [[] for _ in entries]
         with _task_environment():
             for partition in range(data.num_partitions):
-                vector, report = compute_gradient(step, partition, data.shards[partition],
-                                                  self._replica_of, refresh)
-                reports.append(report)
-                parts.append((partition, None if vector is None else
-                              self._codec.encode(vector, 0)))
-        self._publisher.settle()
-        returned_at, t0 = time.time(), time.perf_counter()
-        vector = sum_in_order(parts, self._codec, 0, self._layout.size)
-        return AllReduceResult(vector, reduce_s=time.perf_counter() - t0, reports=reports,
-                               submitted_at=submitted_at, returned_at=returned_at)
+                for k, (fit, (_, step, _), refresh) in enumerate(zip(fits, entries, refreshes)):
+                    vector, report = compute_gradient(step, partition, data.shards[partition],
+                                                      fit.replica, refresh)
+                    reports[k].append(report)
+                    parts[k].append((partition, None if vector is None else
+                                     fit.codec.encode(vector, 0)))
+        for fit in fits:
+            fit.publisher.settle()
+        returned_at = time.time()
+        results = []
+        for fit, fit_parts, fit_reports in zip(fits, parts, reports):
+            t0 = time.perf_counter()
+            vector = sum_in_order(fit_parts, fit.codec, 0, fit.layout.size)
+            results.append(AllReduceResult(vector, reduce_s=time.perf_counter() - t0,
+                                           reports=fit_reports, submitted_at=submitted_at,
+                                           returned_at=returned_at))
+        return results
 
     def evaluate(self, data: InProcessData, weights: np.ndarray,
-                 metrics: Sequence[ValidationMetric], batch_size: int
+                 metrics: Sequence[ValidationMetric], batch_size: int, fit: int | None = None
                  ) -> list[PartitionMetrics]:
+        one = self._fits[self._default if fit is None else fit]
         out = []
         with _task_environment():
             for partition, shard in enumerate(data.shards):
-                sums, count = compute_metric_sums(shard, self._replica_of(), weights,
-                                                  list(metrics), batch_size, self._precision)
+                sums, count = compute_metric_sums(shard, one.replica(), weights, list(metrics),
+                                                  batch_size, one.precision)
                 out.append(PartitionMetrics(partition, sums, count))
         return out
 
@@ -192,7 +221,12 @@ class InProcessRunner:
     def rebuild(self, data: InProcessData, reason: str) -> None:
         raise RuntimeError(f"in-process data cannot be lost ({reason})")  # pragma: no cover
 
+    def close_fit(self, fit: int) -> None:
+        """Forget one fit's replicas and refresh."""
+        one = self._fits.pop(fit, None)
+        if one is not None:
+            one.publisher.close()
+
     def close(self) -> None:
-        if self._publisher is not None:
-            self._publisher.close()
-        self._replica, self._sub_replicas, self._publisher = None, {}, None
+        for number in list(self._fits):
+            self.close_fit(number)

@@ -36,7 +36,7 @@ from ..transport.allreduce import AllReduceResult
 from ..transport.flat_layout import ParamLayout
 from ..transport.weight_refresh import StateVersion
 
-__all__ = ["DataHandle", "RunnerOptions", "PartitionMetrics", "IterationRunner"]
+__all__ = ["DataHandle", "RunnerOptions", "PartitionMetrics", "IterationRunner", "PassRunner"]
 
 
 class DataHandle(Protocol):
@@ -121,3 +121,24 @@ class IterationRunner(Protocol):
 
     def close(self) -> None:
         """Release everything held for the run (best effort; never raises)."""
+
+
+class PassRunner(IterationRunner, Protocol):
+    """A runner that can also run several fits' iterations in one job (a pass:
+    :mod:`sparkdl.engine.fit_set`). Its ``start`` adds the first fit, which ``gradients`` and
+    ``evaluate`` serve when no fit is named."""
+
+    def add_fit(self, spec: ReplicaSpec, layout: ParamLayout, options: RunnerOptions,
+                train: DataHandle) -> tuple[int, str]:
+        """Ship one more fit's model to the tasks; its number and how its vectors are summed
+        alone (for the log). The fits share the first fit's ``options``."""
+
+    def gradients_together(self, data: DataHandle,
+                           entries: Sequence[tuple[int, StepSpec, StateVersion]]
+                           ) -> list[AllReduceResult]:
+        """One job for the iteration of every ``(fit, step, weights)``: each fit's result
+        bitwise what its own job gives (its vector summed in partition order)."""
+
+    def close_fit(self, fit: int) -> None:
+        """Release one fit's replicas and broadcasts (the data stays)."""
+

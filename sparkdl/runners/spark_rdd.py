@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -33,12 +34,14 @@ from .held_data import complete_misses, not_found
 from .interface import PartitionMetrics, RunnerOptions
 from ..executor.replicas import ReplicaSpec
 from ..executor.step import StepSpec
-from ..executor.tasks import EvaluationTask, GradientTask
+from ..executor.tasks import EvaluationTask, GradientTask, PassGradientTask
 from ..metrics import ValidationMetric
 from ..errors import InvalidArgumentError
-from ..transport.allreduce import (AllReduceResult, make_allreduce,
+from ..transport.allreduce import (AllReduceResult, make_allreduce, make_pass_allreduce,
                                   with_resources)
+from ..transport.pass_results import split_pass_result
 from ..transport.flat_layout import ParamLayout
+from ..transport.broadcast_bundle import BroadcastBundle
 from ..transport.python_jobs import PythonJobs
 from ..transport.weight_refresh import RefreshPublisher, StateVersion
 
@@ -52,13 +55,22 @@ class SparkRddRunner:
 
     def __init__(self, sc: Any) -> None:
         self.spark_context = sc
-        self.run_key = new_key("run")
         self._held: list[CachedData] = []
-        self._spec_bc: Any = None
-        self._allreduce: Any = None
+        self._fits: dict[int, _Fit] = {}
+        self._passes: dict[tuple[int, ...], Any] = {}
+        self._default: int | None = None
         self._options = RunnerOptions()
         self._resources: Any = None
-        self._publisher: RefreshPublisher | None = None
+        self._broadcast: Any = None
+        self._closed: list[str] = []      # the replicas' keys of fits closed before the runner
+        """What the fits' weight refreshes broadcast with: one broadcast per value, or during a
+        pass's iteration a :class:`BroadcastBundle` (one broadcast for every fit's values)."""
+
+    @property
+    def run_key(self) -> str:
+        """The replicas' key of the fit :meth:`start` began (the first fit)."""
+        assert self._default is not None
+        return self._fits[self._default].run_key
 
     def _flag(self, key: str, default: bool) -> bool:
         """A boolean setting: the thread's local property (``sc.setLocalProperty``), else the
@@ -125,51 +137,111 @@ class SparkRddRunner:
 
     def start(self, spec: ReplicaSpec, layout: ParamLayout, options: RunnerOptions,
               train: CachedData) -> str:
+        fit, how = self.add_fit(spec, layout, options, train)
+        if self._default is None:
+            self._default = fit
+        return how
+
+    def add_fit(self, spec: ReplicaSpec, layout: ParamLayout, options: RunnerOptions,
+                train: CachedData) -> tuple[int, str]:
+        """Ship one more fit's model to the tasks (its own replicas' key, spec broadcast and
+        weight refresh); returns its number and how its vectors are summed alone. The fits of
+        one runner share ``options`` (the first fit's are kept)."""
         from pyspark import cloudpickle
 
-        self._spec_bc = self.spark_context.broadcast(cloudpickle.dumps(spec))
-        self._options = options
-        self._resources = self._task_resources(options.device)
-        self._allreduce = make_allreduce(layout, options.allreduce, train.num_partitions,
-                                         options.num_blocks, options.compression)
-        self._publisher = RefreshPublisher(
-            PythonJobs.of(self.spark_context).broadcast, layout.fingerprint,
+        if not self._fits:
+            self._options = options
+            self._resources = self._task_resources(options.device)
+            self._broadcast = PythonJobs.of(self.spark_context).broadcast
+        allreduce = make_allreduce(layout, options.allreduce, train.num_partitions,
+                                   options.num_blocks, options.compression)
+        publisher = RefreshPublisher(
+            lambda value: self._broadcast(value), layout.fingerprint,
             deltas=self._flag("spark.sparkdl.rowDeltas", True),
             verify=self._flag("spark.sparkdl.verifyReplicas", False))
-        return (f"{type(self._allreduce).__name__} all-reduce of {layout.size} values"
-                + (f" (gradients in {options.compression})" if options.compression else ""))
+        number = max(self._fits, default=-1) + 1
+        self._fits[number] = _Fit(new_key("run"),
+                                  self.spark_context.broadcast(cloudpickle.dumps(spec)),
+                                  layout, allreduce, publisher)
+        return number, (f"{type(allreduce).__name__} all-reduce of {layout.size} values"
+                        + (f" (gradients in {options.compression})"
+                           if options.compression else ""))
 
     def gradients(self, data: CachedData, step: StepSpec, weights: StateVersion
                   ) -> AllReduceResult:
-        assert data.index_rdd is not None and self._allreduce is not None
-        assert self._publisher is not None
+        assert self._default is not None
+        return self.gradients_together(data, [(self._default, step, weights)])[0]
+
+    def gradients_together(self, data: CachedData,
+                           entries: Sequence[tuple[int, StepSpec, StateVersion]]
+                           ) -> list[AllReduceResult]:
+        """One job for the iteration of every fit in ``entries`` (``(fit, step, weights)``):
+        each fit's vector summed in partition order, exactly as its own job would (one fit
+        alone: its own job; :mod:`sparkdl.engine.fit_set`)."""
+        assert data.index_rdd is not None and entries
         t0 = time.perf_counter()
-        refresh = self._publisher.publish(weights)
+        live = live_runs()
+        tasks, refreshes = [], []
+        jobs = PythonJobs.of(self.spark_context)
+        bundle = BroadcastBundle(jobs.broadcast) if len(entries) > 1 else None
+        self._broadcast = bundle if bundle is not None else jobs.broadcast
+        try:        # the fits' new weights (full copies, row deltas): one broadcast for all
+            for number, step, weights in entries:
+                fit = self._fits[number]
+                refreshes.append(fit.publisher.publish(weights))
+                tasks.append(GradientTask(fit.run_key, data.data_key, step, fit.spec_bc,
+                                          refreshes[-1], live=live))
+            if bundle is not None:
+                bundle.flush()
+        finally:
+            self._broadcast = jobs.broadcast
         broadcast_s = time.perf_counter() - t0
-        task = GradientTask(self.run_key, data.data_key, step, self._spec_bc, refresh,
-                            live=live_runs())
-        result = self._allreduce.run(data.index_rdd, task, self._resources)
+        fits = [self._fits[number] for number, _, _ in entries]
+        if len(entries) == 1:
+            task: Any = tasks[0]
+            allreduce = fits[0].allreduce
+        else:
+            sizes = [fit.layout.size for fit in fits]
+            task = PassGradientTask(data.data_key, tasks, sizes,
+                                    fits[0].layout.numpy_dtype.str, live=live)
+            allreduce = self._pass_allreduce([number for number, _, _ in entries], sizes, data)
+        result = allreduce.run(data.index_rdd, task, self._resources)
         result = complete_misses(
             result, lambda missing: data.fill(missing, task, self._resources),
-            self._allreduce.complete,
-            data.num_partitions)
-        self._publisher.settle()
+            allreduce.complete, data.num_partitions)
+        for fit in fits:
+            fit.publisher.settle()
         result.broadcast_s = broadcast_s
-        full = sorted(r.partition for r in result.reports if r.full_read)
-        if full and weights.version > refresh.full_version:
-            log.info("iteration %d: the tasks of partitions %s read the full weights of "
-                     "version %d and %d row deltas (a new, restarted or evicted Python worker)",
-                     step.iteration + 1, full, refresh.full_version, len(refresh.deltas))
-        return result
+        results = ([result] if len(entries) == 1 else
+                   split_pass_result(result, [fit.layout.size for fit in fits]))
+        for (_, step, weights), refresh, one in zip(entries, refreshes, results):
+            full = sorted(r.partition for r in one.reports if r.full_read)
+            if full and weights.version > refresh.full_version:
+                log.info("iteration %d: the tasks of partitions %s read the full weights of "
+                         "version %d and %d row deltas (a new, restarted or evicted Python "
+                         "worker)", step.iteration + 1, full, refresh.full_version,
+                         len(refresh.deltas))
+        return results
 
+    def _pass_allreduce(self, numbers: list[int], sizes: list[int], data: CachedData) -> Any:
+        """The AllReduce of these fits' vectors one after another (kept while the set of fits
+        stays the same)."""
+        key = tuple(numbers)
+        if key not in self._passes:
+            options = self._options
+            dtype = self._fits[numbers[0]].layout.numpy_dtype
+            self._passes = {key: make_pass_allreduce(sum(sizes), dtype, options.allreduce,
+                                                     data.num_partitions, options.num_blocks)}
+        return self._passes[key]
 
     def evaluate(self, data: CachedData, weights: np.ndarray,
-                 metrics: Sequence[ValidationMetric], batch_size: int
+                 metrics: Sequence[ValidationMetric], batch_size: int, fit: int | None = None
                  ) -> list[PartitionMetrics]:
         assert data.index_rdd is not None
+        one = self._fits[self._default if fit is None else fit]
         weights_bc = self.spark_context.broadcast(weights)
         try:
-            task = EvaluationTask(self.run_key, data.data_key, self._spec_bc, weights_bc,
+            task = EvaluationTask(one.run_key, data.data_key, one.spec_bc, weights_bc,
                                   list(metrics), batch_size, self._options.device,
                                   self._options.precision, live=live_runs())
             rows = {row.partition: row for row in with_resources(
@@ -190,18 +262,45 @@ class SparkRddRunner:
     def rebuild(self, data: CachedData, reason: str) -> None:
         data.rebuild(reason)
 
+    def close_fit(self, fit: int) -> None:
+        """Release one fit's broadcasts and replicas (its data stays with the runner; the
+        workers' cleanup job runs once, in :meth:`close`)."""
+        one = self._fits.pop(fit, None)
+        if one is None:
+            return
+        self._passes = {}
+        log.info("the weights travelled as %s", one.publisher.summary())
+        one.publisher.close()
+        one.spec_bc.destroy(blocking=False)
+        release_key(one.run_key)      # the next task in a worker evicts its replicas; the
+        self._closed.append(one.run_key)   # cleanup job of close() covers the idle workers
+
     def close(self) -> None:
-        if self._publisher is not None:
-            log.info("the weights travelled as %s", self._publisher.summary())
-            self._publisher.close()
-            self._publisher = None
-        if self._spec_bc is not None:
-            self._spec_bc.destroy(blocking=False)
-            self._spec_bc = None
+        fits = list(self._fits.values())
+        self._fits, self._passes = {}, {}
+        for one in fits:
+            log.info("the weights travelled as %s", one.publisher.summary())
+            one.publisher.close()
+            one.spec_bc.destroy(blocking=False)
         for data in self._held:
             data.release()
-        keys = [self.run_key] + [d.data_key for d in self._held]
+        keys = ([one.run_key for one in fits] + self._closed
+                + [d.data_key for d in self._held])
+        self._closed = []
         for key in keys:     # later tasks of any run evict what the cleanup job misses
             release_key(key)
-        clean_workers(self.spark_context, keys)
+        if keys:             # nothing was shipped (a fit refused before any job): no job
+            clean_workers(self.spark_context, keys)
         self._held = []
+
+
+@dataclass
+class _Fit:
+    """One fit of a runner: its replicas' key, its spec's broadcast, its layout, the AllReduce
+    of its vectors alone and its weights' refresh."""
+
+    run_key: str
+    spec_bc: Any
+    layout: ParamLayout
+    allreduce: Any
+    publisher: RefreshPublisher

@@ -34,7 +34,8 @@ from .frames import collect_messages, keyed_frame, message_frames, read_messages
 from .python_jobs import IterationJobs, JobRdd
 
 __all__ = ["AllReduceResult", "ShuffleAllReduce", "DriverAllReduce", "block_bounds",
-           "choose_allreduce", "make_allreduce", "sum_in_order", "with_resources",
+           "choose_allreduce", "make_allreduce", "make_pass_allreduce", "sum_in_order",
+           "with_resources",
            "DRIVER_ALLREDUCE_MAX_BYTES"]
 
 DRIVER_ALLREDUCE_MAX_BYTES = 64 << 20
@@ -122,16 +123,11 @@ def block_bounds(size: int, num_blocks: int) -> np.ndarray:
     return (np.arange(k + 1, dtype=np.int64) * size) // k
 
 
-def sum_in_order(parts: Iterable[tuple[int, Any]], codec: Any, lo: int, length: int
-                 ) -> np.ndarray | None:
-    """The sum of the decoded payloads of ``(partition, payload)`` pairs, added in partition
-    order (the order that makes every path bitwise equal); None payloads are skipped."""
+def _sum_arrays(arrays: Iterable[np.ndarray]) -> np.ndarray | None:
+    """``arrays`` added in the order given (the first copied, never modified)."""
     acc: np.ndarray | None = None
     first: np.ndarray | None = None
-    for _, payload in sorted(parts, key=lambda p: p[0]):
-        if payload is None:
-            continue
-        arr = codec.decode(payload, lo, length)
+    for arr in arrays:
         if first is None:
             first = arr
         elif acc is None:
@@ -139,6 +135,37 @@ def sum_in_order(parts: Iterable[tuple[int, Any]], codec: Any, lo: int, length: 
         else:
             acc += arr
     return acc if acc is not None or first is None else first.copy()
+
+
+def sum_in_order(parts: Iterable[tuple[int, Any]], codec: Any, lo: int, length: int,
+                 absent: dict[int, Any] | None = None) -> np.ndarray | None:
+    """The sum of the decoded payloads of ``(partition, payload)`` pairs, added in partition
+    order (the order that makes every path bitwise equal); None payloads are skipped.
+
+    ``absent``: by partition, the ranges ``(start, end)`` of whole-vector positions its payload
+    holds nothing for (a fit of a pass that took no rows of that partition:
+    :class:`sparkdl.executor.tasks.PassReport`); its zeros there are skipped as a None payload
+    would be. Each position is the sum of exactly the partitions that have a value there, added
+    in partition order, so a fit's part of a pass's vector is bitwise its own run's sum."""
+    ordered = [(p, payload) for p, payload in sorted(parts, key=lambda p: p[0])
+               if payload is not None]
+    holes: dict[int, list[tuple[int, int]]] = {}
+    for p, ranges in (absent or {}).items():      # clipped to [lo, lo + length), made relative
+        clipped = [(max(a, lo) - lo, min(b, lo + length) - lo) for a, b in ranges
+                   if min(b, lo + length) > max(a, lo)]
+        if clipped:
+            holes[p] = clipped
+    if not any(p in holes for p, _ in ordered):
+        return _sum_arrays(codec.decode(payload, lo, length) for _, payload in ordered)
+    decoded = [(p, codec.decode(payload, lo, length)) for p, payload in ordered]
+    cuts = sorted({0, length} | {e for r in holes.values() for pair in r for e in pair})
+    pieces = []
+    for a, b in zip(cuts[:-1], cuts[1:]):          # the same partitions are present in [a, b)
+        present = [arr[a:b] for p, arr in decoded
+                   if not any(h0 <= a and b <= h1 for h0, h1 in holes.get(p, ()))]
+        piece = _sum_arrays(present)
+        pieces.append(piece if piece is not None else np.zeros(b - a, decoded[0][1].dtype))
+    return np.concatenate(pieces) if pieces else decoded[0][1][:0].copy()
 
 
 class ShuffleAllReduce:
@@ -241,12 +268,13 @@ class ShuffleMapSide:
         summaries = list(records)
         vector, report = self.local_fn(partition, summaries[0] if summaries else None)
         report, rows = _rows_by_block(report, self.row_bounds, self.num_blocks)
+        absent = getattr(report, "absent", ())
         bounds = self.bounds
         for k in range(self.num_blocks):
             block = (None if vector is None else
                      self.codec.encode(vector[bounds[k]:bounds[k + 1]], int(bounds[k])))
-            for frame in message_frames((partition, report if k == 0 else None, rows[k]),
-                                        block):
+            for frame in message_frames((partition, report if k == 0 else None, rows[k],
+                                         absent), block):
                 yield from keyed_frame(k, frame)
 
 
@@ -268,22 +296,24 @@ class ShuffleReduceSide:
         filled = self.filled.value if self.filled is not None else {}
         codec, row_bounds = self.codec, self.row_bounds
         lo, hi = int(self.bounds[k]), int(self.bounds[k + 1])
-        parts, reports, row_parts = [], [], []
-        for (partition, report, rows), payload in read_messages(frames):
+        parts, reports, row_parts, absent = [], [], [], {}
+        for (partition, report, rows, holes), payload in read_messages(frames):
             if partition in filled:
                 continue
             parts.append((partition, payload))
             row_parts.append((partition, rows))
+            absent[partition] = holes
             if report is not None:
                 reports.append(report)
         for partition, (vector, report) in filled.items():
             parts.append((partition, None if vector is None else
                           codec.encode(vector[lo:hi], lo)))
+            absent[partition] = getattr(report, "absent", ())
             report, rows = _rows_by_block(report, row_bounds, self.num_blocks)
             row_parts.append((partition, rows[k]))
             if k == 0:
                 reports.append(report)
-        total = sum_in_order(parts, codec, lo, hi - lo)
+        total = sum_in_order(parts, codec, lo, hi - lo, absent)
         row_sums = _sum_row_parts(row_parts, row_bounds, self.dtype)
         yield from message_frames(
             (k, reports, time.perf_counter() - t0, started_at, time.time(), row_sums), total)
@@ -340,8 +370,8 @@ class DriverAllReduce:
         messages = collect_messages(mapped, lambda head: None, self._jobs.call_site)
         returned_at, t0 = time.time(), time.perf_counter()
         parts = [(r.partition, b) for r, b in messages]
-        vector = sum_in_order(parts, self.codec, 0, self.size)
         reports = sorted((r for r, _ in messages), key=lambda r: r.partition)
+        vector = sum_in_order(parts, self.codec, 0, self.size, _absent(reports))
         missing = any(getattr(r, "missing_shard", False) for r in reports)
         return AllReduceResult(vector, reduce_s=time.perf_counter() - t0, reports=reports,
                                submitted_at=submitted_at, returned_at=returned_at,
@@ -361,11 +391,29 @@ class DriverAllReduce:
             reports[partition] = report
         ordered = sorted(reports.values(), key=lambda r: r.partition)
         missing = any(getattr(r, "missing_shard", False) for r in ordered)
-        return AllReduceResult(sum_in_order(parts.items(), self.codec, 0, self.size),
+        return AllReduceResult(sum_in_order(parts.items(), self.codec, 0, self.size,
+                                            _absent(ordered)),
                                reduce_s=result.reduce_s + time.perf_counter() - t0,
                                reports=ordered, submitted_at=result.submitted_at,
                                returned_at=result.returned_at,
                                pending=list(parts.items()) if missing else None)
+
+
+def _absent(reports: Iterable[Any]) -> dict[int, Any]:
+    """The reports' absent ranges by partition (a pass's fits without rows there)."""
+    return {r.partition: r.absent for r in reports if getattr(r, "absent", ())}
+
+
+def make_pass_allreduce(size: int, dtype: np.dtype, path: str, num_partitions: int,
+                        num_blocks: int | None = None) -> "ShuffleAllReduce | DriverAllReduce":
+    """The exact AllReduce of a pass's vectors: every fit's vector, one after another, ``size``
+    values of ``dtype`` in all (:mod:`sparkdl.engine.fit_set`)."""
+    dtype = np.dtype(dtype)
+    if path == "auto":
+        path = choose_allreduce(size * dtype.itemsize, num_partitions)
+    if path == "driver":
+        return DriverAllReduce(size, dtype)
+    return ShuffleAllReduce(size, dtype, num_blocks or num_partitions)
 
 
 def make_allreduce(layout: ParamLayout, path: str, num_partitions: int,

@@ -1,0 +1,193 @@
+"""Several fits over one data set, trained together: one Spark job per iteration for all of them
+(driver side).
+
+A *fit* is one model with its loss or training step, optimizer(s), scheduler(s), batch size,
+triggers, validation and seed: one :class:`sparkdl.DistriOptimizer`. :class:`FitSet` trains a set
+of fits over the same training data in *passes*:
+
+* the training data is held once per pass (its shards built by one job);
+* every iteration is one job: each task computes, on its cached shard, every fit's share of that
+  fit's own global batch (fits with other batch sizes take other batches), and returns their
+  vectors one after another (:class:`sparkdl.executor.tasks.PassGradientTask`);
+* one AllReduce sums those vectors in partition order, each fit's part exactly as its own job
+  would (:func:`sparkdl.transport.allreduce.sum_in_order`);
+* the driver steps each fit's optimizer(s), validates and checkpoints it, and asks its triggers;
+  a fit whose end (or early-stopping) trigger fires leaves the pass, the others go on.
+
+Each fit's weights are bitwise those of the same fit trained alone (same seed, same
+partitions): a pass changes what training costs, never its result. A pass of one fit is exactly
+:meth:`sparkdl.DistriOptimizer.optimize`.
+
+Fits share a pass when they train on the same data object with the same data and parameter
+dtypes, variable-length inputs, ``allreduce``, ``num_blocks``, ``device`` and no ``compression`` or
+embedding tables sent as rows (``sparse=True``); the others train in passes of their own, and the
+log says why. Under Spark Connect every fit trains in a pass of its own. The iterations of a
+pass: :mod:`sparkdl.engine.pass_loop`; each fit's view of the pass's runner and data:
+:mod:`sparkdl.runners.fit_view`.
+
+Example::
+
+    fits = [DistriOptimizer(make_net(), rdd, loss, make_opt(lr), batch_size=64, seed=0)
+            for lr in (0.1, 0.03, 0.01)]
+    models = FitSet(fits).run()          # one job per iteration for the three
+    fits[0].summary.to_pandas()
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import torch
+
+from ..errors import InvalidArgumentError
+from ..runners.fit_view import FitView
+from ..transport.flat_layout import ParamLayout
+from .pass_loop import PassLoop
+
+__all__ = ["FitSet", "pass_key", "pass_refusal"]
+
+log = logging.getLogger("sparkdl")
+
+
+def pass_key(fit: Any) -> tuple[Any, ...]:
+    """What fits must share to train in one pass (:class:`FitSet`)."""
+    options = fit.settings.runner_options
+    layout = ParamLayout(fit.model)
+    return (id(fit.training_rdd), layout.data_dtype.str, layout.numpy_dtype.str,
+            tuple(fit.sequence_inputs), options.allreduce, options.num_blocks, options.device)
+
+
+def pass_refusal(fit: Any) -> str | None:
+    """Why ``fit`` cannot share a pass with other fits (None: it can)."""
+    if fit.settings.runner_options.compression is not None:
+        return f"compression={fit.settings.runner_options.compression!r}"
+    if ParamLayout(fit.model).tables:
+        return "embedding tables sent as rows (sparse=True)"
+    return None
+
+
+class FitSet:
+    """Train several :class:`sparkdl.DistriOptimizer` fits together (see the module docstring).
+
+    Args:
+        fits: the fits, each set up as for :meth:`~sparkdl.DistriOptimizer.optimize`
+            (validation, checkpoints, MLflow, clipping included). A fit is trained in place, as
+            ``optimize`` trains it.
+
+    Example::
+
+        fits = [DistriOptimizer(make_net(), rdd, loss, make_opt(lr), batch_size=b, seed=0)
+                for lr, b in [(0.1, 64), (0.03, 64), (0.01, 128)]]
+        FitSet(fits).run()
+    """
+
+    def __init__(self, fits: Sequence[Any]) -> None:
+        self.fits = list(fits)
+        if not self.fits:
+            raise InvalidArgumentError("FitSet needs at least one DistriOptimizer; got none.")
+        for k, fit in enumerate(self.fits):
+            if not callable(getattr(fit, "_begin", None)):      # a DistriOptimizer
+                raise InvalidArgumentError(
+                    f"FitSet's fits must be DistriOptimizer objects; fit {k} is "
+                    f"{type(fit).__name__}.")
+        if len({id(f) for f in self.fits}) < len(self.fits):
+            raise InvalidArgumentError("FitSet got the same DistriOptimizer twice: a fit trains "
+                                       "its model in place, once.")
+        if len({id(f.model) for f in self.fits}) < len(self.fits):
+            raise InvalidArgumentError("Two fits of a FitSet train the same model object: each "
+                                       "fit needs its own model.")
+        self.errors: dict[int, BaseException] = {}
+        self.passes: list[list[int]] = []
+        self.jobs = 0
+        """The gradient jobs the passes ran (a closure optimizer's extra evaluations aside)."""
+        self.loads = 0
+        """The data sets held for the tasks (shards built), over all passes."""
+        self.finished: set[int] = set()
+        """The fits that reached their end trigger."""
+
+    def groups(self) -> list[list[int]]:
+        """The fits' positions, by pass: fits that can share one, in order of first appearance
+        (a fit that cannot share any trains alone)."""
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        alone: list[list[int]] = []
+        for k, fit in enumerate(self.fits):
+            reason = pass_refusal(fit)
+            if reason is not None and len(self.fits) > 1:
+                log.info("fit %d trains in a pass of its own: %s cannot share a pass yet", k,
+                         reason)
+                alone.append([k])
+                continue
+            groups.setdefault(pass_key(fit), []).append(k)
+        ordered = sorted(list(groups.values()) + alone, key=lambda g: g[0])
+        if len(ordered) > 1:
+            log.info("%d fits train in %d passes: %s (fits of one pass share the training data "
+                     "object, parameter dtype, sequence inputs, allreduce, num_blocks and "
+                     "device)", len(self.fits), len(ordered), ordered)
+        return ordered
+
+    def run(self, keep_going: bool | None = None) -> list[torch.nn.Module]:
+        """Train every fit; returns their models (the fits' own objects), in order.
+
+        ``keep_going`` (default: True for several fits, False for one): a fit that fails leaves
+        its pass and the others go on; its error is kept in :attr:`errors` and the first one
+        is raised once every pass ended. Without it a failure ends the set at once."""
+        keep_going = len(self.fits) > 1 if keep_going is None else keep_going
+        for group in self.groups():
+            self.passes.append(group)
+            self._run_pass(group, keep_going)
+        if self.errors:
+            first = min(self.errors)
+            if len(self.fits) > 1:
+                log.error("%d of %d fits failed: %s", len(self.errors), len(self.fits),
+                          {k: type(e).__name__ for k, e in sorted(self.errors.items())})
+            raise self.errors[first]
+        return [fit.model for fit in self.fits]
+
+    def _run_pass(self, group: list[int], keep_going: bool) -> None:
+        from ..runners import runner_for
+
+        first = self.fits[group[0]]
+        runner = runner_for(first.training_rdd, first.exchange_dir)
+        loads: dict[tuple[Any, ...], Any] = {}
+        if len(group) > 1 and not hasattr(runner, "gradients_together"):
+            log.info("%s runs one fit at a time: the %d fits %s train one after another",
+                     type(runner).__name__, len(group), group)
+            runner.close()
+            for k in group:
+                self._run_pass([k], keep_going)
+            return
+        runs: dict[int, Any] = {}
+        loop = None
+        try:
+            for k in group:
+                try:
+                    runs[k] = self.fits[k]._begin(FitView(runner, loads))
+                except Exception as exc:
+                    if not keep_going:
+                        raise
+                    self.errors[k] = exc
+                    log.error("fit %d failed before training: %s: %s", k, type(exc).__name__,
+                              exc)
+            started = [k for k in group if k in runs]
+            if len(started) > 1:
+                log.info("training %d fits in one pass over the same shards: %s", len(started),
+                         started)
+            loop = PassLoop([runs[k].loop for k in started], keep_going)
+            try:
+                loop.run()
+            except BaseException as exc:
+                for k in started:
+                    runs[k].failure = exc
+                raise
+            finally:
+                self.jobs += loop.jobs
+                self.finished.update(started[p] for p in loop.finished)
+            for position, exc in loop.errors.items():
+                k = started[position]
+                self.errors[k] = runs[k].failure = exc
+        finally:
+            self.loads += len(loads)
+            for k, run in runs.items():
+                self.fits[k]._end(run)
+            runner.close()
