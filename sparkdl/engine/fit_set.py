@@ -41,7 +41,7 @@ from typing import Any, Sequence
 import torch
 
 from ..errors import InvalidArgumentError
-from ..runners.fit_view import FitView
+from ..runners.fit_view import FitView, shares_passes
 from ..transport.flat_layout import ParamLayout
 from .pass_loop import PassLoop
 
@@ -50,19 +50,19 @@ __all__ = ["FitSet", "pass_key", "pass_refusal"]
 log = logging.getLogger("sparkdl")
 
 
-def pass_key(fit: Any) -> tuple[Any, ...]:
-    """What fits must share to train in one pass (:class:`FitSet`)."""
+def pass_key(fit: Any, layout: ParamLayout) -> tuple[Any, ...]:
+    """What fits must share to train in one pass (:class:`FitSet`; ``layout``: the fit's model's
+    as it is now)."""
     options = fit.settings.runner_options
-    layout = ParamLayout(fit.model)
     return (id(fit.training_rdd), layout.data_dtype.str, layout.numpy_dtype.str,
             tuple(fit.sequence_inputs), options.allreduce, options.num_blocks, options.device)
 
 
-def pass_refusal(fit: Any) -> str | None:
+def pass_refusal(fit: Any, layout: ParamLayout) -> str | None:
     """Why ``fit`` cannot share a pass with other fits (None: it can)."""
     if fit.settings.runner_options.compression is not None:
         return f"compression={fit.settings.runner_options.compression!r}"
-    if ParamLayout(fit.model).tables:
+    if layout.tables:
         return "embedding tables sent as rows (sparse=True)"
     return None
 
@@ -112,13 +112,14 @@ class FitSet:
         groups: dict[tuple[Any, ...], list[int]] = {}
         alone: list[list[int]] = []
         for k, fit in enumerate(self.fits):
-            reason = pass_refusal(fit)
+            layout = ParamLayout(fit.model)
+            reason = pass_refusal(fit, layout)
             if reason is not None and len(self.fits) > 1:
                 log.info("fit %d trains in a pass of its own: %s cannot share a pass yet", k,
                          reason)
                 alone.append([k])
                 continue
-            groups.setdefault(pass_key(fit), []).append(k)
+            groups.setdefault(pass_key(fit, layout), []).append(k)
         ordered = sorted(list(groups.values()) + alone, key=lambda g: g[0])
         if len(ordered) > 1:
             log.info("%d fits train in %d passes: %s (fits of one pass share the training data "
@@ -150,7 +151,7 @@ class FitSet:
         first = self.fits[group[0]]
         runner = runner_for(first.training_rdd, first.exchange_dir)
         loads: dict[tuple[Any, ...], Any] = {}
-        if len(group) > 1 and not hasattr(runner, "gradients_together"):
+        if len(group) > 1 and not shares_passes(runner):
             log.info("%s runs one fit at a time: the %d fits %s train one after another",
                      type(runner).__name__, len(group), group)
             runner.close()
@@ -158,7 +159,6 @@ class FitSet:
                 self._run_pass([k], keep_going)
             return
         runs: dict[int, Any] = {}
-        loop = None
         try:
             for k in group:
                 try:

@@ -134,8 +134,8 @@ class TrainingLoop:
 
     def request(self) -> tuple[StepSpec, StateVersion]:
         """The next iteration's step and weights: what its gradient job computes."""
-        epoch, step = self.ctx.plan.epoch_and_step(self.ctx.iteration)
-        self._spec = self._step_spec(epoch, step)
+        self._epoch_step = self.ctx.plan.epoch_and_step(self.ctx.iteration)
+        self._spec = self._step_spec(*self._epoch_step)
         self._t_start = time.perf_counter()
         self._rebuilt_before = self.ctx.train.shards_rebuilt
         return self._spec, self._next_weights
@@ -193,7 +193,7 @@ class TrainingLoop:
         assert reporter is not None
         spec, t_start = self._spec, self._t_start
         per_epoch = ctx.plan.iterations_per_epoch
-        epoch, step = ctx.plan.epoch_and_step(ctx.iteration)
+        epoch, step = self._epoch_step
         state_vector = self._next_weights.state
         result = self.checked(spec, result)
         t_update = time.perf_counter()

@@ -22,7 +22,13 @@ from typing import Any
 
 from ..transport.allreduce import AllReduceResult
 
-__all__ = ["FitView"]
+__all__ = ["FitView", "shares_passes"]
+
+
+def shares_passes(runner: Any) -> bool:
+    """Whether ``runner`` can run several fits' iterations in one job
+    (:class:`sparkdl.runners.interface.PassRunner`)."""
+    return hasattr(runner, "gradients_together")
 
 
 class FitView:
@@ -38,10 +44,6 @@ class FitView:
     @property
     def spark_context(self) -> Any:
         return self.runner.spark_context
-
-    def shares_passes(self) -> bool:
-        """Whether the runner can run several fits' iterations in one job."""
-        return hasattr(self.runner, "gradients_together")
 
     def task_cores(self) -> int:
         return self.runner.task_cores()
@@ -60,7 +62,7 @@ class FitView:
         return self._loads[key][1]
 
     def start(self, spec: Any, layout: Any, options: Any, train: Any) -> str:
-        if not self.shares_passes():
+        if not shares_passes(self.runner):
             return self.runner.start(spec, layout, options, train)
         self.fit, how = self.runner.add_fit(spec, layout, options, train)
         return how

@@ -62,15 +62,9 @@ class SparkRddRunner:
         self._options = RunnerOptions()
         self._resources: Any = None
         self._broadcast: Any = None
-        self._closed: list[str] = []      # the replicas' keys of fits closed before the runner
         """What the fits' weight refreshes broadcast with: one broadcast per value, or during a
         pass's iteration a :class:`BroadcastBundle` (one broadcast for every fit's values)."""
-
-    @property
-    def run_key(self) -> str:
-        """The replicas' key of the fit :meth:`start` began (the first fit)."""
-        assert self._default is not None
-        return self._fits[self._default].run_key
+        self._closed: list[str] = []      # the replicas' keys of fits closed before the runner
 
     def _flag(self, key: str, default: bool) -> bool:
         """A boolean setting: the thread's local property (``sc.setLocalProperty``), else the
@@ -212,8 +206,7 @@ class SparkRddRunner:
         for fit in fits:
             fit.publisher.settle()
         result.broadcast_s = broadcast_s
-        results = ([result] if len(entries) == 1 else
-                   split_pass_result(result, [fit.layout.size for fit in fits]))
+        results = [result] if len(entries) == 1 else split_pass_result(result, sizes)
         for (_, step, weights), refresh, one in zip(entries, refreshes, results):
             full = sorted(r.partition for r in one.reports if r.full_read)
             if full and weights.version > refresh.full_version:
@@ -269,9 +262,7 @@ class SparkRddRunner:
         if one is None:
             return
         self._passes = {}
-        log.info("the weights travelled as %s", one.publisher.summary())
-        one.publisher.close()
-        one.spec_bc.destroy(blocking=False)
+        one.release()
         release_key(one.run_key)      # the next task in a worker evicts its replicas; the
         self._closed.append(one.run_key)   # cleanup job of close() covers the idle workers
 
@@ -279,9 +270,7 @@ class SparkRddRunner:
         fits = list(self._fits.values())
         self._fits, self._passes = {}, {}
         for one in fits:
-            log.info("the weights travelled as %s", one.publisher.summary())
-            one.publisher.close()
-            one.spec_bc.destroy(blocking=False)
+            one.release()
         for data in self._held:
             data.release()
         keys = ([one.run_key for one in fits] + self._closed
@@ -304,3 +293,9 @@ class _Fit:
     layout: ParamLayout
     allreduce: Any
     publisher: RefreshPublisher
+
+    def release(self) -> None:
+        """Destroy the fit's weight broadcasts and its spec's (saying how the weights went)."""
+        log.info("the weights travelled as %s", self.publisher.summary())
+        self.publisher.close()
+        self.spec_bc.destroy(blocking=False)
