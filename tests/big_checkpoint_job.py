@@ -20,6 +20,37 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 IN, OUT = 2400, 9000
 
 
+def log_digests() -> None:
+    """Each iteration's summed gradient and weights before and after the update, as digests on
+    stderr ("digest iteration N: ..."): if a resumed run ever ends other than the uninterrupted
+    one, the test's message shows the first iteration where they part."""
+    import hashlib
+
+    from sparkdl.engine import training_loop
+
+    def digest(a) -> str:
+        return hashlib.sha1(np.ascontiguousarray(np.asarray(a)).tobytes()).hexdigest()[:12]
+
+    complete = training_loop.TrainingLoop.complete
+
+    def optimizer(self) -> str:
+        state = self.ctx.optimizer.state_dict()["state"]
+        return " ".join(f"{k}:{name}={digest(v.numpy())}" for k, slots in sorted(state.items())
+                        for name, v in sorted(slots.items()))
+
+    def logged(self, result):
+        before, vector = digest(np.array(self._next_weights.state, copy=True)), result.vector
+        iteration, opt_before = self.ctx.iteration, optimizer(self)
+        done = complete(self, result)
+        print(f"digest iteration {iteration}: gradient {digest(vector)} weights "
+              f"{before} -> {digest(self._next_weights.state)} optimizer {opt_before} -> "
+              f"{optimizer(self)} threads {torch.get_num_threads()}", file=sys.stderr,
+              flush=True)
+        return done
+
+    training_loop.TrainingLoop.complete = logged
+
+
 def main() -> None:
     out, iterations = sys.argv[1], int(sys.argv[2])
     checkpoint_dir = sys.argv[3] if len(sys.argv) > 3 else None
@@ -28,6 +59,7 @@ def main() -> None:
     from sparkdl import DistriOptimizer
     from sparkdl.triggers import MaxIteration, SeveralIteration
 
+    log_digests()
     spark = spark_builder("local[2]").getOrCreate()     # spark.driver.memory: the default
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")

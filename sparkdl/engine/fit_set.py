@@ -44,6 +44,7 @@ from ..errors import InvalidArgumentError
 from ..runners.fit_view import FitView, shares_passes
 from ..transport.flat_layout import ParamLayout
 from .pass_loop import PassLoop
+from .pass_memory import Budget, Footprint, budgets, describe, footprint, plan_passes
 
 __all__ = ["FitSet", "pass_key", "pass_refusal"]
 
@@ -108,11 +109,15 @@ class FitSet:
 
     def groups(self) -> list[list[int]]:
         """The fits' positions, by pass: fits that can share one, in order of first appearance
-        (a fit that cannot share any trains alone)."""
+        (a fit that cannot share any trains alone), split further where a pass would exceed
+        the memory Spark's settings give it (:mod:`sparkdl.engine.pass_memory`; a fit that
+        alone exceeds a hard bound is refused here, before any job)."""
         groups: dict[tuple[Any, ...], list[int]] = {}
         alone: list[list[int]] = []
+        footprints: dict[int, Footprint] = {}
         for k, fit in enumerate(self.fits):
             layout = ParamLayout(fit.model)
+            footprints[k] = footprint(fit, layout)
             reason = pass_refusal(fit, layout)
             if reason is not None and len(self.fits) > 1:
                 log.info("fit %d trains in a pass of its own: %s cannot share a pass yet", k,
@@ -125,7 +130,32 @@ class FitSet:
             log.info("%d fits train in %d passes: %s (fits of one pass share the training data "
                      "object, parameter dtype, sequence inputs, allreduce, num_blocks and "
                      "device)", len(self.fits), len(ordered), ordered)
-        return ordered
+        planned: list[list[int]] = []
+        for group in ordered:
+            limits = self._budgets(self.fits[group[0]])
+            passes = plan_passes(group, [footprints[k] for k in group], limits)
+            if len(passes) > 1:
+                log.info("the fits %s train in %d passes, %s, to stay within %s", group,
+                         len(passes), passes, ", ".join(sorted({f"{b.setting}={b.value}"
+                                                                for b in limits})))
+            planned.extend(passes)
+        for group in planned:
+            if len(group) > 1:
+                log.info("pass %s holds about %s", group,
+                         describe([footprints[k] for k in group]))
+        return planned
+
+    @staticmethod
+    def _budgets(fit: Any) -> list[Budget]:
+        """The memory bounds of a pass of fits like ``fit`` (none off Spark: in-process and
+        Spark Connect runs)."""
+        data = fit.training_rdd
+        context = getattr(data, "context", None)
+        if context is None or not hasattr(data, "getNumPartitions"):
+            return []
+        conf = context.getConf()
+        return budgets(lambda key: conf.get(key, None), fit.settings.runner_options.allreduce,
+                       data.getNumPartitions())
 
     def run(self, keep_going: bool | None = None) -> list[torch.nn.Module]:
         """Train every fit; returns their models (the fits' own objects), in order.

@@ -1,0 +1,223 @@
+"""What a pass of fits holds in memory, against the Spark settings that bound it (driver side,
+before any job).
+
+A pass (:mod:`sparkdl.engine.fit_set`) holds every one of its fits at once:
+
+* in each task's Python worker: each fit's replica (weights and gradients) and the pass's vector,
+  every fit's gradients one after another, once as numpy values and once pickled for Spark;
+* at the driver, each iteration: the task results of that vector (one per partition on the
+  driver AllReduce path, the reduced blocks once on the shuffle path), through the driver's JVM;
+* at the driver, in Python: every fit's weights, gradient vector and optimizer state.
+
+Three settings bound that, and :func:`plan_passes` splits a set of fits into passes that stay
+within each:
+
+``spark.driver.maxResultSize`` (default 1g; 0: no limit)
+    Spark aborts a job whose task results exceed it. Hard: a fit that alone exceeds it is
+    refused before any job, with an error naming the setting.
+``spark.executor.pyspark.memory`` (unset by default: no limit)
+    Spark divides it by ``spark.executor.cores`` and gives each Python worker that share as its
+    address-space limit; a worker above it fails with a MemoryError. Hard, as above.
+``spark.driver.memory`` (default 1g)
+    The task results pass through the driver's heap. 128 MiB of results per iteration ran a
+    1 GiB heap out of memory (bench/allreduce_crossover.py), so a pass takes in at most an eighth
+    of the heap per iteration. Soft: a pass above it is split, a fit that alone is above it
+    trains on and the log warns (a single fit's intake is what the fit alone would take in).
+
+The bytes are counted from the fits' parameters, buffers and optimizers; activations depend on
+the data and batch and are not counted (they are the same per fit whether fits share a pass or
+not, since a task runs its fits one after another). The driver's Python memory for the fits'
+weights and optimizer states is reported in the log; no Spark setting bounds it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..errors import InvalidArgumentError
+from ..transport.allreduce import choose_allreduce
+from ..transport.flat_layout import ParamLayout
+
+__all__ = ["Footprint", "Budget", "footprint", "budgets", "plan_passes", "describe", "spark_bytes"]
+
+log = logging.getLogger("sparkdl")
+
+_MIB = 1 << 20
+DRIVER_HEAP_SHARE = 8
+"""A pass's task results per iteration stay within ``spark.driver.memory`` / this."""
+_RESULT_SLACK = 1.05
+"""Pickled task results (and their reports) are a little larger than their raw vectors."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Footprint:
+    """One fit's bytes: its weights (parameters and buffers), its gradient vector, and its
+    optimizer state (as the optimizer holds it, or as it will once it steps)."""
+
+    weights: int
+    vector: int
+    optimizer_state: int
+
+    def worker_bytes(self) -> int:
+        """What the fit adds to a task's Python worker in a pass: its replica's weights and
+        gradients, and its part of the pass's vector as numpy values and pickled."""
+        return 2 * self.weights + 3 * self.vector
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """One bound on a pass: ``bytes`` of ``what``, from the Spark ``setting`` (``value`` as
+    configured); ``hard``: Spark fails a job above it (a fit above it alone is refused)."""
+
+    setting: str
+    value: str
+    bytes: int
+    what: str
+    hard: bool
+    measure: Callable[[Sequence[Footprint]], int] = dataclasses.field(repr=False,
+                                                                      compare=False)
+
+    def needs(self, fits: Sequence[Footprint]) -> int:
+        return self.measure(fits)
+
+
+def spark_bytes(value: str, default_unit: str = "m") -> int:
+    """A Spark size setting ("512m", "1g", "2048") in bytes; a bare number is in
+    ``default_unit`` (Spark's unit for that setting)."""
+    text = value.strip().lower()
+    units = {"b": 0, "k": 10, "m": 20, "g": 30, "t": 40, "p": 50}
+    if text.endswith("b") and len(text) > 1 and text[-2] in units:
+        text = text[:-1]
+    unit = text[-1] if text and text[-1] in units else default_unit
+    number = text[:-1] if text and text[-1] in units else text
+    try:
+        return int(number) << units[unit]
+    except ValueError:
+        raise InvalidArgumentError(f"cannot read the Spark size {value!r}") from None
+
+
+def _optimizer_state_bytes(optimizer: Any, model: torch.nn.Module) -> int:
+    """The optimizer's state: what it holds now, or, before its first step, the usual slots of
+    its kind per parameter (two for kinds it does not know)."""
+    optimizers = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+    total = 0
+    for opt in optimizers:
+        if opt is None or not hasattr(opt, "param_groups"):
+            continue
+        for group in opt.param_groups:
+            for p in group["params"]:
+                state = opt.state.get(p) if hasattr(opt, "state") else None
+                if state:
+                    total += sum(v.numel() * v.element_size() for v in state.values()
+                                 if isinstance(v, torch.Tensor))
+                else:
+                    total += _slots(type(opt).__name__, group) * p.numel() * p.element_size()
+    return total
+
+
+def _slots(kind: str, group: dict[str, Any]) -> int:
+    if kind == "SGD":
+        return int(bool(group.get("momentum", 0)))
+    if kind in ("Adam", "AdamW", "NAdam", "RAdam", "Adamax", "SparseAdam"):
+        return 2 + int(bool(group.get("amsgrad", False)))
+    if kind == "RMSprop":
+        return 1 + int(bool(group.get("momentum", 0))) + int(bool(group.get("centered", False)))
+    if kind in ("Adagrad", "ASGD"):
+        return 1
+    return 2
+
+
+def footprint(fit: Any, layout: ParamLayout) -> Footprint:
+    """``fit``'s (a :class:`sparkdl.DistriOptimizer`) bytes, ``layout``: its model's."""
+    vector = layout.size * layout.numpy_dtype.itemsize
+    return Footprint(layout.state_bytes, vector,
+                     _optimizer_state_bytes(fit.optimizer, fit.model))
+
+
+def _intake(path: str, num_partitions: int) -> Callable[[Sequence[Footprint]], int]:
+    """The driver's intake of task results per iteration of a pass of these fits."""
+    def measure(fits: Sequence[Footprint]) -> int:
+        vector = sum(f.vector for f in fits)
+        chosen = choose_allreduce(vector, num_partitions) if path == "auto" else path
+        return int(_RESULT_SLACK * vector * (num_partitions if chosen == "driver" else 1))
+    return measure
+
+
+def _worker(fits: Sequence[Footprint]) -> int:
+    return sum(f.worker_bytes() for f in fits)
+
+
+def budgets(setting: Callable[[str], str | None], allreduce: str,
+            num_partitions: int) -> list[Budget]:
+    """The bounds on a pass from Spark's settings (``setting(key)``: the value or None), for
+    fits on the ``allreduce`` path over ``num_partitions`` partitions."""
+    out: list[Budget] = []
+    intake = _intake(allreduce, num_partitions)
+    result = setting("spark.driver.maxResultSize") or "1g"
+    if spark_bytes(result, "b") > 0:
+        out.append(Budget("spark.driver.maxResultSize", result, spark_bytes(result, "b"),
+                          "task results per job at the driver", True, intake))
+    heap = setting("spark.driver.memory") or "1g"
+    out.append(Budget("spark.driver.memory", heap, spark_bytes(heap) // DRIVER_HEAP_SHARE,
+                      f"task results per iteration at the driver (1/{DRIVER_HEAP_SHARE} of its "
+                      "heap)", False, intake))
+    python = setting("spark.executor.pyspark.memory")
+    if python:
+        cores = int(setting("spark.executor.cores") or "1")
+        out.append(Budget("spark.executor.pyspark.memory", python, spark_bytes(python) // cores,
+                          f"a Python worker's memory (the setting / spark.executor.cores={cores})",
+                          True, _worker))
+    return out
+
+
+def _refusal(k: int, fit: Footprint, budget: Budget) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"fit {k} cannot train within {budget.setting}={budget.value}: it needs about "
+        f"{budget.needs([fit]) / _MIB:.1f} MiB of {budget.what}, and the setting allows "
+        f"{budget.bytes / _MIB:.1f} MiB ({fit.weights / _MIB:.1f} MiB of weights, a "
+        f"{fit.vector / _MIB:.1f} MiB gradient vector). Raise {budget.setting} or train a "
+        "smaller model; nothing has run yet.")
+
+
+def plan_passes(group: Sequence[int], fits: Sequence[Footprint],
+                limits: Sequence[Budget]) -> list[list[int]]:
+    """``group`` (fits' positions, ``fits``: their footprints, in that order) in passes within
+    ``limits``: in order, each pass as long as every budget holds. A fit that alone exceeds a
+    hard budget is refused (:class:`sparkdl.errors.InvalidArgumentError` naming the setting);
+    one that alone exceeds a soft budget trains alone, with a warning."""
+    for k, fp in zip(group, fits):
+        for budget in limits:
+            if budget.needs([fp]) > budget.bytes:
+                if budget.hard:
+                    raise _refusal(k, fp, budget)
+                log.warning("fit %d alone takes in about %.1f MiB of %s, above %s=%s / %d: it "
+                            "trains in a pass of its own (raise the setting if the driver "
+                            "runs out of memory)", k, budget.needs([fp]) / _MIB, budget.what,
+                            budget.setting, budget.value, DRIVER_HEAP_SHARE)
+    passes: list[list[int]] = []
+    current: list[int] = []
+    current_fp: list[Footprint] = []
+    for k, fp in zip(group, fits):
+        trial = current_fp + [fp]
+        over = [b for b in limits if b.needs(trial) > b.bytes]
+        if current and over:
+            log.info("fit %d starts another pass: %d fits already need %.1f MiB of %s (%s=%s "
+                     "allows %.1f MiB)", k, len(current), over[0].needs(trial) / _MIB,
+                     over[0].what, over[0].setting, over[0].value, over[0].bytes / _MIB)
+            passes.append(current)
+            current, current_fp = [], []
+        current.append(k)
+        current_fp.append(fp)
+    passes.append(current)
+    return passes
+
+
+def describe(fits: Sequence[Footprint]) -> str:
+    """A pass's memory in words, for the log."""
+    return (f"{sum(f.worker_bytes() for f in fits) / _MIB:.1f} MiB of replicas and vectors per "
+            f"task, {sum(f.weights + f.vector + f.optimizer_state for f in fits) / _MIB:.1f} "
+            "MiB of weights, gradients and optimizer state at the driver")

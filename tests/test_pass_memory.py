@@ -1,0 +1,138 @@
+"""Issue 36, acceptance 7: a set of fits is split into passes that stay within the memory Spark's
+settings give a pass, and a fit that alone exceeds a hard bound is refused before any job,
+naming the setting (sparkdl.engine.pass_memory)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from models import JobCounter, classification_data, make_rdd
+from sparkdl import DistriOptimizer, FitSet, InvalidArgumentError
+from sparkdl.engine.pass_memory import Footprint, budgets, plan_passes, spark_bytes
+from sparkdl.triggers import MaxIteration
+
+SIZES = [30, 34]
+
+
+def test_spark_sizes_are_read_in_each_settings_unit():
+    assert spark_bytes("1g") == 1 << 30 and spark_bytes("512m") == 512 << 20
+    assert spark_bytes("2048") == 2048 << 20              # spark.driver.memory: MiB
+    assert spark_bytes("2048", "b") == 2048               # spark.driver.maxResultSize: bytes
+    assert spark_bytes("3kb") == 3 << 10 and spark_bytes("0") == 0
+    with pytest.raises(InvalidArgumentError, match="'lots'"):
+        spark_bytes("lots")
+
+
+def test_budgets_follow_the_settings_as_spark_applies_them():
+    settings = {"spark.driver.maxResultSize": "10m", "spark.driver.memory": "2g",
+                "spark.executor.pyspark.memory": "3g", "spark.executor.cores": "3"}
+    by_name = {b.setting: b for b in budgets(settings.get, "driver", 4)}
+    assert by_name["spark.driver.maxResultSize"].bytes == 10 << 20
+    assert by_name["spark.driver.memory"].bytes == (2 << 30) // 8
+    assert by_name["spark.executor.pyspark.memory"].bytes == 1 << 30   # per worker: / cores
+    fp = Footprint(weights=1 << 20, vector=1 << 20, optimizer_state=0)
+    # the driver path takes in every partition's vector; the shuffle path the reduced blocks
+    assert by_name["spark.driver.maxResultSize"].needs([fp, fp]) == int(1.05 * 8 * (1 << 20))
+    shuffle = {b.setting: b for b in budgets(settings.get, "shuffle", 4)}
+    assert shuffle["spark.driver.maxResultSize"].needs([fp, fp]) == int(1.05 * 2 * (1 << 20))
+    assert by_name["spark.executor.pyspark.memory"].needs([fp]) == 5 << 20
+    # the defaults: maxResultSize 1g, driver memory 1g, no Python limit; 0 lifts maxResultSize
+    assert {b.setting for b in budgets({}.get, "auto", 2)} == {"spark.driver.maxResultSize",
+                                                                "spark.driver.memory"}
+    assert [b.setting for b in budgets({"spark.driver.maxResultSize": "0"}.get, "auto", 2)] == [
+        "spark.driver.memory"]
+
+
+def test_passes_are_cut_where_a_budget_would_be_exceeded(caplog):
+    limits = budgets({"spark.executor.pyspark.memory": "100m"}.get, "shuffle", 2)
+    fits = [Footprint(10 << 20, 5 << 20, 0)] * 5        # 35 MiB each in a worker
+    assert plan_passes([0, 1, 2, 3, 4], fits, limits) == [[0, 1], [2, 3], [4]]
+    big = Footprint(30 << 20, 20 << 20, 0)              # 120 MiB alone
+    with pytest.raises(InvalidArgumentError) as err:
+        plan_passes([0, 7], [fits[0], big], limits)
+    assert "fit 7 cannot train within spark.executor.pyspark.memory=100m" in str(err.value)
+    assert "120.0 MiB" in str(err.value) and "nothing has run yet" in str(err.value)
+    # a soft bound (the driver's heap) only splits, and warns of a fit above it alone
+    soft = budgets({"spark.driver.memory": "80m"}.get, "shuffle", 2)     # 10 MiB per pass
+    with caplog.at_level(logging.WARNING, "sparkdl"):
+        assert plan_passes([0, 1, 2], [Footprint(0, 4 << 20, 0), Footprint(0, 12 << 20, 0),
+                                       Footprint(0, 4 << 20, 0)], soft) == [[0], [1], [2]]
+    assert "fit 1 alone takes in about 12.6 MiB" in caplog.text
+
+
+class Wide(nn.Module):
+    """An MLP whose gradient vector is ``hidden`` x 48 floats and a little more."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, hidden), nn.ReLU(), nn.Linear(hidden, 32),
+                                 nn.ReLU(), nn.Linear(32, 4))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def make_fit(rdd, hidden: int, lr: float) -> DistriOptimizer:
+    torch.manual_seed(1)
+    model = Wide(hidden)
+    return DistriOptimizer(model, rdd, nn.CrossEntropyLoss(),
+                           torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
+                           batch_size=16, end_trigger=MaxIteration(3), seed=2,
+                           progress_bar=False, allreduce="driver")
+
+
+@contextlib.contextmanager
+def live_setting(sc, key: str, value: str):
+    """``key`` set on the running context's own conf (Spark reads maxResultSize from it when a
+    job's task set starts), put back afterwards."""
+    conf = sc._jsc.sc().conf()
+    before = conf.getOption(key)
+    conf.set(key, value)
+    try:
+        yield
+    finally:
+        if before.isDefined():
+            conf.set(key, before.get())
+        else:
+            conf.remove(key)
+
+
+def test_a_grid_above_max_result_size_is_split_and_a_fit_above_it_alone_refused(
+        sc, caplog, monkeypatch):
+    """spark.driver.maxResultSize=1m on the driver AllReduce path over 2 partitions: a fit of
+    ~0.41 MiB per vector takes in ~0.86 MiB per job, two together ~1.7 MiB, which Spark
+    refuses. The grid of three trains in three passes, each fit bitwise its own fit alone; a
+    fit of ~0.66 MiB (1.4 MiB taken in) is refused before any job, naming the setting."""
+    from sparkdl.engine import fit_set as fit_set_module
+    x, y = classification_data(sum(SIZES), d=16, classes=4, seed=4)
+    rdd = make_rdd(sc, list(zip(x, y)), SIZES)
+    hidden = 2200                                    # 2200 x 48 + 2200 + 132 floats: 0.41 MiB
+    with live_setting(sc, "spark.driver.maxResultSize", "1m"):
+        fits = [make_fit(rdd, hidden, lr) for lr in (0.1, 0.05, 0.02)]
+        fit_set = FitSet(fits)
+        with caplog.at_level(logging.INFO, "sparkdl"):
+            fit_set.run()
+        assert fit_set.passes == [[0], [1], [2]]
+        assert "train in 3 passes, [[0], [1], [2]], to stay within" in caplog.text
+        assert "spark.driver.maxResultSize=1m" in caplog.text
+        for fit, lr in zip(fits, (0.1, 0.05, 0.02)):
+            alone = make_fit(rdd, hidden, lr)
+            alone.optimize()
+            assert all(torch.equal(a, b) for a, b in zip(fit.model.state_dict().values(),
+                                                         alone.model.state_dict().values()))
+        # the split is needed: the same two fits in one pass make Spark abort the job
+        monkeypatch.setattr(fit_set_module, "plan_passes", lambda group, fits, limits: [list(group)])
+        with pytest.raises(Exception, match="bigger than spark.driver.maxResultSize"):
+            FitSet([make_fit(rdd, hidden, lr) for lr in (0.1, 0.05)]).run()
+        monkeypatch.undo()
+        too_big = [make_fit(rdd, hidden, 0.1), make_fit(rdd, 3500, 0.1)]
+        with JobCounter(sc) as jobs:
+            with pytest.raises(InvalidArgumentError) as err:
+                FitSet(too_big).run()
+        assert jobs.count == 0
+    assert "fit 1 cannot train within spark.driver.maxResultSize=1m" in str(err.value)
