@@ -20,7 +20,8 @@ from .errors import (CheckpointError, EmptyDataError, InvalidArgumentError,
                      SparkdlError, TrainingDataError, TrainingStepError, UnidentifiableError)
 from .data.batch_plan import BatchPlan
 from .engine.distri_optimizer import DistriOptimizer
-from .engine.fit_set import FitSet
+from .engine.fit_set import FitSet, SharedRunner
+from .engine.optuna_batches import BatchedStudy
 from .engine.optimizer_sequence import OptimizerSequence, SchedulerSequence
 from .engine.summary import TrainingSummary
 from .metrics import MAE, Loss, Top1Accuracy, ValidationMetric
@@ -31,6 +32,8 @@ __version__ = "0.1.0"
 __all__ = [
     "DistriOptimizer",
     "FitSet",
+    "SharedRunner",
+    "BatchedStudy",
     "OptimizerSequence",
     "SchedulerSequence",
     "BatchPlan",

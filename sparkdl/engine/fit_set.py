@@ -42,11 +42,12 @@ import torch
 
 from ..errors import InvalidArgumentError
 from ..runners.fit_view import FitView, shares_passes
+from ..spark_settings import spark_setting
 from ..transport.flat_layout import ParamLayout
 from .pass_loop import PassLoop
 from .pass_memory import Budget, Footprint, budgets, describe, footprint, plan_passes
 
-__all__ = ["FitSet", "pass_key", "pass_refusal"]
+__all__ = ["FitSet", "SharedRunner", "pass_key", "pass_refusal"]
 
 log = logging.getLogger("sparkdl")
 
@@ -68,6 +69,43 @@ def pass_refusal(fit: Any, layout: ParamLayout) -> str | None:
     return None
 
 
+class SharedRunner:
+    """The runner and the data it holds, kept from one :class:`FitSet` run to the next (a
+    search's batches of fits over the same data): each data object is held once for all of
+    them, until :meth:`close` (or the end of a ``with`` block).
+
+    Example::
+
+        with SharedRunner() as shared:
+            for batch in batches:
+                FitSet([make_fit(s) for s in batch], shared=shared).run()
+    """
+
+    def __init__(self) -> None:
+        self.runner: Any = None
+        self.loads: dict[tuple[Any, ...], Any] = {}
+
+    def runner_for(self, fit: Any) -> Any:
+        """The runner for ``fit``'s data: the held one once there is one."""
+        from ..runners import runner_for
+
+        if self.runner is None:
+            self.runner = runner_for(fit.training_rdd, fit.exchange_dir)
+        return self.runner
+
+    def close(self) -> None:
+        """Release the data and the runner."""
+        if self.runner is not None:
+            self.runner.close()
+        self.runner, self.loads = None, {}
+
+    def __enter__(self) -> "SharedRunner":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 class FitSet:
     """Train several :class:`sparkdl.DistriOptimizer` fits together (see the module docstring).
 
@@ -75,6 +113,9 @@ class FitSet:
         fits: the fits, each set up as for :meth:`~sparkdl.DistriOptimizer.optimize`
             (validation, checkpoints, MLflow, clipping included). A fit is trained in place, as
             ``optimize`` trains it.
+        shared: a :class:`SharedRunner` whose runner and data this set uses and leaves held
+            (default: its own, released when the set ends). Its runner must run passes of several fits
+            (a classic session or in process), and every fit must train on its data.
 
     Example::
 
@@ -83,8 +124,9 @@ class FitSet:
         FitSet(fits).run()
     """
 
-    def __init__(self, fits: Sequence[Any]) -> None:
+    def __init__(self, fits: Sequence[Any], shared: SharedRunner | None = None) -> None:
         self.fits = list(fits)
+        self.shared = shared
         if not self.fits:
             raise InvalidArgumentError("FitSet needs at least one DistriOptimizer; got none.")
         for k, fit in enumerate(self.fits):
@@ -153,9 +195,8 @@ class FitSet:
         context = getattr(data, "context", None)
         if context is None or not hasattr(data, "getNumPartitions"):
             return []
-        conf = context.getConf()
-        return budgets(lambda key: conf.get(key, None), fit.settings.runner_options.allreduce,
-                       data.getNumPartitions())
+        return budgets(lambda key: spark_setting(context, key) or None,
+                       fit.settings.runner_options.allreduce, data.getNumPartitions())
 
     def run(self, keep_going: bool | None = None) -> list[torch.nn.Module]:
         """Train every fit; returns their models (the fits' own objects), in order.
@@ -179,12 +220,16 @@ class FitSet:
         from ..runners import runner_for
 
         first = self.fits[group[0]]
-        runner = runner_for(first.training_rdd, first.exchange_dir)
-        loads: dict[tuple[Any, ...], Any] = {}
+        held = self.shared
+        runner = (held.runner_for(first) if held is not None
+                  else runner_for(first.training_rdd, first.exchange_dir))
+        loads: dict[tuple[Any, ...], Any] = held.loads if held is not None else {}
+        loaded_before = len(loads)
         if len(group) > 1 and not shares_passes(runner):
             log.info("%s runs one fit at a time: the %d fits %s train one after another",
                      type(runner).__name__, len(group), group)
-            runner.close()
+            if held is None:
+                runner.close()
             for k in group:
                 self._run_pass([k], keep_going)
             return
@@ -217,7 +262,8 @@ class FitSet:
                 k = started[position]
                 self.errors[k] = runs[k].failure = exc
         finally:
-            self.loads += len(loads)
+            self.loads += len(loads) - loaded_before
             for k, run in runs.items():
                 self.fits[k]._end(run)
-            runner.close()
+            if held is None:
+                runner.close()

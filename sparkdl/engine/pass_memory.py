@@ -80,6 +80,8 @@ class Budget:
     hard: bool
     measure: Callable[[Sequence[Footprint]], int] = dataclasses.field(repr=False,
                                                                       compare=False)
+    hint: str = ""
+    """Another way out than raising the setting, for the error."""
 
     def needs(self, fits: Sequence[Footprint]) -> int:
         return self.measure(fits)
@@ -158,9 +160,12 @@ def budgets(setting: Callable[[str], str | None], allreduce: str,
     out: list[Budget] = []
     intake = _intake(allreduce, num_partitions)
     result = setting("spark.driver.maxResultSize") or "1g"
+    hint = ("" if allreduce != "driver" else
+            ", or use allreduce=\"shuffle\" (the driver takes in the summed vector once, not "
+            "every partition's)")
     if spark_bytes(result, "b") > 0:
         out.append(Budget("spark.driver.maxResultSize", result, spark_bytes(result, "b"),
-                          "task results per job at the driver", True, intake))
+                          "task results per job at the driver", True, intake, hint))
     heap = setting("spark.driver.memory") or "1g"
     out.append(Budget("spark.driver.memory", heap, spark_bytes(heap) // DRIVER_HEAP_SHARE,
                       f"task results per iteration at the driver (1/{DRIVER_HEAP_SHARE} of its "
@@ -179,8 +184,8 @@ def _refusal(k: int, fit: Footprint, budget: Budget) -> InvalidArgumentError:
         f"fit {k} cannot train within {budget.setting}={budget.value}: it needs about "
         f"{budget.needs([fit]) / _MIB:.1f} MiB of {budget.what}, and the setting allows "
         f"{budget.bytes / _MIB:.1f} MiB ({fit.weights / _MIB:.1f} MiB of weights, a "
-        f"{fit.vector / _MIB:.1f} MiB gradient vector). Raise {budget.setting} or train a "
-        "smaller model; nothing has run yet.")
+        f"{fit.vector / _MIB:.1f} MiB gradient vector). Raise {budget.setting}"
+        f"{budget.hint} or train a smaller model; nothing has run yet.")
 
 
 def plan_passes(group: Sequence[int], fits: Sequence[Footprint],

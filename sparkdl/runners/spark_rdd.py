@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..executor.live_runs import live_runs, new_key, release_key
+from ..spark_settings import spark_setting
 from .cached_rdd import (CachedData, clean_workers, lost_data_reason, memory_kill_reason,
                          shard_place)
 from .held_data import complete_misses, not_found
@@ -70,11 +71,11 @@ class SparkRddRunner:
         """A boolean setting: the thread's local property (``sc.setLocalProperty``), else the
         Spark conf, else ``default``."""
         value = (self.spark_context.getLocalProperty(key)
-                 or self.spark_context.getConf().get(key, "") or "").strip().lower()
+                 or spark_setting(self.spark_context, key) or "").strip().lower()
         return default if not value else value in ("true", "1", "yes")
 
     def _conf(self, key: str) -> float:
-        value = self.spark_context.getConf().get(key, "0") or "0"
+        value = spark_setting(self.spark_context, key, "0") or "0"
         try:
             return float(value)
         except ValueError:
@@ -120,7 +121,8 @@ class SparkRddRunner:
 
     def load(self, data: Any, name: str, float_dtype: str,
              ragged: tuple[int, ...] = ()) -> CachedData:
-        place = shard_place(self.spark_context.getConf())
+        key = "spark.io.encryption.enabled"
+        place = shard_place({key: spark_setting(self.spark_context, key, "false")})
         if place == "memory":
             log.info("spark.io.encryption.enabled: the %s shards stay in the Python workers' "
                      "memory (nothing is written to the executors' disks)", name)

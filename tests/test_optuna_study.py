@@ -1,0 +1,93 @@
+"""Issue 36, acceptance 6: an Optuna study's trials asked in batches and trained together
+(sparkdl.engine.optuna_batches.BatchedStudy): each trial's reported values are those of its own
+fit trained alone, the median pruner prunes the same trials, pruned fits leave the pass, and the
+data is held once for the whole study."""
+
+from __future__ import annotations
+
+import optuna   # the optuna extra (installed with the test extras): missing fails, never skips
+import pytest
+import torch
+from torch import nn
+
+from models import SmallNet, classification_data, make_rdd
+from sparkdl import DistriOptimizer
+from sparkdl.engine.optuna_batches import BatchedStudy
+from sparkdl.metrics import Loss
+from sparkdl.triggers import EveryEpoch, MaxEpoch
+
+EPOCHS = 3
+
+
+@pytest.fixture(scope="module")
+def data(sc):
+    x, y = classification_data(96, seed=11)
+    train = make_rdd(sc, list(zip(x[:64], y[:64])), [24, 40])
+    val = make_rdd(sc, list(zip(x[64:], y[64:])), [16, 16])
+    return train, val
+
+
+def study() -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.create_study(
+        direction="minimize", sampler=optuna.samplers.RandomSampler(seed=3),
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1))
+
+
+def fit_maker(data):
+    train, val = data
+
+    def make_fit(trial: optuna.Trial) -> DistriOptimizer:
+        torch.manual_seed(0)
+        net = SmallNet()
+        lr = trial.suggest_float("lr", 1e-3, 1.0, log=True)
+        momentum = trial.suggest_float("momentum", 0.0, 0.9)
+        batch = trial.suggest_categorical("batch", [16, 32])
+        opt = DistriOptimizer(net, train, nn.CrossEntropyLoss(),
+                              torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum),
+                              batch_size=batch, end_trigger=MaxEpoch(EPOCHS), seed=trial.number,
+                              progress_bar=False)
+        return opt.set_validation(val, EveryEpoch(), [Loss()])
+
+    return make_fit
+
+
+def test_a_batched_study_equals_the_same_study_with_every_trial_fit_alone(data):
+    together = BatchedStudy(study(), fit_maker(data), "Loss", batch_size=4)
+    batched = together.optimize(8)
+    alone = BatchedStudy(study(), fit_maker(data), "Loss", batch_size=4, together=False)
+    single = alone.optimize(8)
+    assert together.batches == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    for a, b in zip(batched, single):
+        assert a.params == b.params
+        assert a.intermediate_values == b.intermediate_values       # bitwise equal floats
+        assert a.state == b.state and a.value == b.value
+    states = [t.state for t in batched]
+    pruned = [t for t in batched if t.state == optuna.trial.TrialState.PRUNED]
+    assert pruned and optuna.trial.TrialState.COMPLETE in states, states
+    # a pruned trial left the pass: it reported fewer epochs than the others
+    assert all(len(t.intermediate_values) < EPOCHS for t in pruned)
+    assert all(len(t.intermediate_values) == EPOCHS for t in batched
+               if t.state == optuna.trial.TrialState.COMPLETE)
+    # a finished trial's value: its last validation's
+    assert all(t.value == t.intermediate_values[EPOCHS] for t in batched
+               if t.state == optuna.trial.TrialState.COMPLETE)
+    # the training and validation data held once for the whole study, in both ways
+    assert together.loads == alone.loads == 2
+    # one job per iteration for a batch: the batch's longest fit's, not the sum of its fits'
+    assert together.jobs < alone.jobs / 2, (together.jobs, alone.jobs)
+
+
+def test_make_fit_errors_fail_their_trial_and_the_study_goes_on(data):
+    make = fit_maker(data)
+
+    def flaky(trial):
+        if trial.number == 1:
+            raise ValueError("no model for this trial")
+        return make(trial)
+
+    s = study()
+    trials = BatchedStudy(s, flaky, "Loss", batch_size=3).optimize(3)
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE,
+                                         optuna.trial.TrialState.FAIL,
+                                         optuna.trial.TrialState.COMPLETE]
