@@ -102,7 +102,7 @@ def spark_bytes(value: str, default_unit: str = "m") -> int:
         raise InvalidArgumentError(f"cannot read the Spark size {value!r}") from None
 
 
-def _optimizer_state_bytes(optimizer: Any, model: torch.nn.Module) -> int:
+def _optimizer_state_bytes(optimizer: Any) -> int:
     """The optimizer's state: what it holds now, or, before its first step, the usual slots of
     its kind per parameter (two for kinds it does not know)."""
     optimizers = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
@@ -137,7 +137,7 @@ def footprint(fit: Any, layout: ParamLayout) -> Footprint:
     """``fit``'s (a :class:`sparkdl.DistriOptimizer`) bytes, ``layout``: its model's."""
     vector = layout.size * layout.numpy_dtype.itemsize
     return Footprint(layout.state_bytes, vector,
-                     _optimizer_state_bytes(fit.optimizer, fit.model))
+                     _optimizer_state_bytes(fit.optimizer))
 
 
 def _intake(path: str, num_partitions: int) -> Callable[[Sequence[Footprint]], int]:
