@@ -4,6 +4,7 @@ wall time from a fresh process to the last model, each way of tuning in a proces
     python bench/model_grid.py                       # G1, every runner
     python bench/model_grid.py --grid G2 --runners together one-by-one trials
     python bench/model_grid.py --grid G1 --settings 4 --epochs 1     # a quick look
+    python bench/model_grid.py --runners together --conf spark.task.maxDirectResultSize=64m
 
 Runners:
   together          sparkdl's set of fits (sparkdl.FitSet): one pass, one job per iteration
@@ -58,6 +59,8 @@ def plan(batch: int) -> BatchPlan:
 
 
 def session() -> Any:
+    """The local[2] session every runner uses, with the ``--conf`` settings of the command
+    (``SPARKDL_BENCH_CONF``: ``key=value`` pairs separated by spaces)."""
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -66,7 +69,11 @@ def session() -> Any:
     os.environ["PYTHONPATH"] = os.pathsep.join(              # helpers (compare_runners)
         [here, ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
-    return (SparkSession.builder.master(f"local[{PARTITIONS}]").appName("model_grid")
+    builder = SparkSession.builder
+    for pair in os.environ.get("SPARKDL_BENCH_CONF", "").split():
+        key, _, value = pair.partition("=")
+        builder = builder.config(key, value)
+    return (builder.master(f"local[{PARTITIONS}]").appName("model_grid")
             .config("spark.ui.enabled", "false")
             .config("spark.driver.host", "127.0.0.1")
             .config("spark.driver.bindAddress", "127.0.0.1")
@@ -219,8 +226,12 @@ def main() -> None:
     p.add_argument("--runners", nargs="+", choices=RUNNERS, default=list(RUNNERS))
     p.add_argument("--settings", type=int, default=16, help="the first N settings of the grid")
     p.add_argument("--epochs", type=int, help="default: the grid's (G1 3, G2 10)")
+    p.add_argument("--conf", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="Spark settings for every runner's session")
     p.add_argument("--one", choices=RUNNERS, help=argparse.SUPPRESS)   # a child process
     args = p.parse_args()
+    if args.conf:
+        os.environ["SPARKDL_BENCH_CONF"] = " ".join(args.conf)
     if args.one:
         print(json.dumps(one_runner(args.one, args.grid, args.settings, args.epochs)))
         return
@@ -240,7 +251,8 @@ def main() -> None:
     name, default_epochs = GRIDS[args.grid]
     print(f"{args.grid}: {args.settings} settings of {name}, {args.epochs or default_epochs} "
           f"epochs, {SAMPLES} samples, local[{PARTITIONS}]; total wall per runner (a fresh "
-          "process each, Python start included)")
+          "process each, Python start included)" + (f"; {' '.join(args.conf)}" if args.conf
+                                                    else ""))
     base = results.get("together", {}).get("process_s")
     print("| runner | wall s | together's speed-up | final loss, setting 0 | max loss gap to "
           "together |")

@@ -129,3 +129,35 @@ def test_each_partition_is_read_from_the_rdd_once(sc):
     opt.optimize()
     assert len(opt.summary.iterations) == 5
     assert reads.value == 90
+
+
+def test_a_task_seeds_the_cpu_stream_of_torch_manual_seed():
+    from sparkdl.executor.step import seed_task
+
+    seed_task(11, "cpu")
+    ours = torch.rand(5)
+    torch.manual_seed(11)
+    assert torch.equal(ours, torch.rand(5))
+    seed_task(12, "auto")          # no GPU here: the CPU stream alone, the same
+    ours = torch.rand(5)
+    torch.manual_seed(12)
+    assert torch.equal(ours, torch.rand(5))
+
+
+def test_a_pass_task_collects_once_for_all_the_replicas_it_makes(monkeypatch):
+    import gc
+    from sparkdl.executor import worker_cache
+
+    collections = []
+    monkeypatch.setattr(worker_cache.gc, "collect", lambda: collections.append(1))
+    cache = worker_cache.WorkerCache(capacity=4, freeze=True)
+    try:
+        with worker_cache.one_freeze():
+            for key in range(3):
+                cache.put(key, object())
+            assert collections == []
+        assert collections == [1]
+        cache.put(3, object())            # outside the block: at once, as before
+        assert collections == [1, 1]
+    finally:
+        gc.unfreeze()

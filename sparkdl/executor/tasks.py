@@ -31,6 +31,7 @@ from .devices import task_device
 from .live_runs import LiveRuns, evict_finished
 from .replicas import Replica, drop_replica, get_replica
 from .shard_store import ShardSummary, build_shard, drop_run, open_shard
+from .worker_cache import one_freeze
 from .step import (PartitionMetrics, StepSpec, TaskReport, compute_gradient,
                    compute_metric_sums, set_task_threads)
 
@@ -132,7 +133,9 @@ class PassGradientTask:
     def __call__(self, partition: int, summary: Any) -> tuple[np.ndarray | None, PassReport]:
         evict_finished(self.live)
         wanted = any(int(fit.step.counts[partition]) for fit in self.fits)
-        return self.compute(partition, open_shard(self.data_key, partition) if wanted else None)
+        with one_freeze():             # the first iteration makes a replica per fit
+            return self.compute(partition, open_shard(self.data_key, partition) if wanted
+                                else None)
 
     def compute(self, partition: int, shard: Any) -> tuple[np.ndarray | None, PassReport]:
         """Every fit's step on ``shard`` (None: not here, reported as a missing shard by each

@@ -13,6 +13,10 @@ torch modules, the cached model) out of the collector's reach, after which the p
 collection only walks what tasks created since. :class:`WorkerCache` does this for the objects it
 is asked to freeze.
 
+A task that adds several entries (a pass's first iteration makes one replica per fit) wraps them
+in :func:`one_freeze`: the collection then runs once when the task's entries are all in, not
+once per entry (~0.12 s each in a worker holding torch).
+
 Example::
 
     _MODELS: WorkerCache[torch.nn.Module] = WorkerCache(capacity=4, freeze=True)
@@ -22,21 +26,39 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from collections import OrderedDict
-from typing import Callable, Generic, Hashable, TypeVar
+from typing import Callable, Generic, Hashable, Iterator, TypeVar
 
-__all__ = ["WorkerCache", "freeze_long_lived", "release_frozen"]
+__all__ = ["WorkerCache", "freeze_long_lived", "release_frozen", "one_freeze"]
 
 V = TypeVar("V")
+
+_deferred: list[bool] = []      # one entry per open one_freeze(): whether a freeze was asked
 
 
 def freeze_long_lived() -> None:
     """Collect once (objects frozen earlier included, so whatever was dropped since is
     reclaimed), then exempt every surviving object from later collections."""
+    if _deferred:
+        _deferred[-1] = True
+        return
     gc.unfreeze()
     gc.collect()
     gc.freeze()
+
+
+@contextlib.contextmanager
+def one_freeze() -> Iterator[None]:
+    """Within the block, the freezes that caches ask for are put off and made once, at its end
+    (also when it raises: the entries added before stay cached)."""
+    _deferred.append(False)
+    try:
+        yield
+    finally:
+        if _deferred.pop():
+            freeze_long_lived()
 
 
 def release_frozen() -> None:
