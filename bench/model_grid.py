@@ -69,17 +69,16 @@ def session() -> Any:
     os.environ["PYTHONPATH"] = os.pathsep.join(              # helpers (compare_runners)
         [here, ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
-    builder = SparkSession.builder
-    for pair in os.environ.get("SPARKDL_BENCH_CONF", "").split():
-        key, _, value = pair.partition("=")
+    builder = (SparkSession.builder.master(f"local[{PARTITIONS}]").appName("model_grid")
+               .config("spark.ui.enabled", "false")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.python.unix.domain.socket.enabled", "true"))
+    for pair in os.environ.get("SPARKDL_BENCH_CONF", "").split():    # after the defaults:
+        key, _, value = pair.partition("=")                           # they win
         builder = builder.config(key, value)
-    return (builder.master(f"local[{PARTITIONS}]").appName("model_grid")
-            .config("spark.ui.enabled", "false")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.python.unix.domain.socket.enabled", "true")
-            .getOrCreate())
+    return builder.getOrCreate()
 
 
 def _fits(workload: Any, rdd: Any, grid: list[tuple[float, float]], epochs: int) -> list[Any]:

@@ -100,9 +100,10 @@ def run_sparkdl(study: Any, trials: int, epochs: int) -> None:
 
 
 def _ddp_trial(path: str, params: tuple[float, float, float], epochs: int, storage: str,
-               trial_id: int) -> list[float]:
+               trial_id: int) -> tuple[list[float], bool]:
     """One trial's training in TorchDistributor's processes; rank 0 reports each epoch's
-    validation loss to the trial and the ranks stop together when it is pruned."""
+    validation loss to the trial and the ranks stop together when it is pruned. Returns the
+    values and whether it was pruned."""
     import optuna
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -119,7 +120,7 @@ def _ddp_trial(path: str, params: tuple[float, float, float], epochs: int, stora
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum, weight_decay=wd)
     trial = (optuna.Trial(optuna.load_study(study_name="G3", storage=storage), trial_id)
              if rank == 0 else None)
-    p, values = plan(workload.batch), []
+    p, values, pruned = plan(workload.batch), [], False
     for epoch in range(epochs):
         for step in range(p.iterations_per_epoch):
             idx = torch.from_numpy(p.offsets[rank] + p.local_indices(epoch, step, rank))
@@ -136,9 +137,10 @@ def _ddp_trial(path: str, params: tuple[float, float, float], epochs: int, stora
         dist.broadcast(said, 0)        # every rank returns the values (TorchDistributor
         values.append(float(said[0]))  # returns one rank's result)
         if said[1]:
+            pruned = True
             break
     dist.destroy_process_group()
-    return values
+    return values, pruned
 
 
 def run_torch_distributor(study: Any, trials: int, epochs: int, storage: str) -> None:
@@ -154,10 +156,11 @@ def run_torch_distributor(study: Any, trials: int, epochs: int, storage: str) ->
 
         def objective(trial: Any) -> float:
             params = suggest(trial)
-            values = TorchDistributor(num_processes=PARTITIONS, local_mode=True,
-                                      use_gpu=False).run(_ddp_trial, path, params, epochs,
-                                                         storage, trial._trial_id)
-            if len(values) < epochs:
+            values, pruned = TorchDistributor(num_processes=PARTITIONS, local_mode=True,
+                                              use_gpu=False).run(_ddp_trial, path, params,
+                                                                 epochs, storage,
+                                                                 trial._trial_id)
+            if pruned:
                 raise optuna.TrialPruned()
             return values[-1]
 

@@ -4,9 +4,11 @@
 
 ``main``: fit and transform of NNClassifier and NNEstimator, the engine's shuffle AllReduce as
 DataFrame jobs, a model above the closure limit through ``exchangeDir``, save / overwrite /
-load, a Pipeline, a CrossValidator with parallelism 2, and the errors for bad input.
+load, a Pipeline, a CrossValidator with parallelism 2, three fits trained as one pass on each
+AllReduce path, and the errors for bad input.
 ``fills``: a server whose Python workers are never reused and keep shards in memory only
-(``spark.io.encryption.enabled``), so every task misses its shard and fill jobs build them.
+(``spark.io.encryption.enabled``), so every task misses its shard and fill jobs build them (a
+single fit's and a pass's).
 
 Writes weights (``*.pt``), predictions (``*.npy``) and ``results.json`` into OUT_DIR. The data
 and the fits are the functions below, which tests/test_spark_connect.py also runs on its
@@ -103,6 +105,40 @@ def engine_shuffle(spark, data_dir, connect, iterations=6):
     return net, opt.summary
 
 
+PASS_FITS = ((0.1, 48, 9, 4), (0.05, 48, 9, 4), (0.1, 36, 3, 3))
+"""lr, batch size, seed, iterations of the three fits of engine_pass."""
+
+
+def engine_pass(spark, data_dir, connect, allreduce, together=True, fits=PASS_FITS):
+    """Fits over the same DataFrame blocks: another learning rate, another batch size, seed and
+    length; trained as one pass (``together``: sparkdl.FitSet) or each alone. Returns the
+    models and the FitSet's passes and jobs (None alone)."""
+    from sparkdl import DistriOptimizer, FitSet
+    from sparkdl.data.dataframe_arrays import feature_sources, frame_blocks
+    from sparkdl.triggers import MaxIteration
+
+    df = spark.read.parquet(f"{data_dir}/clf")
+    blocks = frame_blocks(df, feature_sources(df.schema, "features", []), "label", True, [],
+                          None, 2)
+    data = blocks if connect else blocks.to_rdd()
+    opts = []
+    for lr, batch, seed, iterations in fits:
+        net = mlp()
+        opts.append(DistriOptimizer(net, data, torch.nn.CrossEntropyLoss(),
+                                    torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9),
+                                    batch_size=batch, end_trigger=MaxIteration(iterations),
+                                    seed=seed, allreduce=allreduce,
+                                    num_blocks=3 if allreduce == "shuffle" else None,
+                                    progress_bar=False))
+    if not together:
+        for opt in opts:
+            opt.optimize()
+        return [opt.model for opt in opts], None, None
+    fit_set = FitSet(opts)
+    fit_set.run()
+    return [opt.model for opt in opts], fit_set.passes, fit_set.jobs
+
+
 def large_estimator(exchange_dir=""):
     from sparkdl import NNEstimator
 
@@ -192,6 +228,10 @@ def main_phase(spark, data_dir, out, results):
     net, summary = engine_shuffle(spark, data_dir, connect=True)
     torch.save(net.state_dict(), f"{out}/shuffle.pt")
     torch.save(fit_sparse_tables(spark, data_dir).state_dict(), f"{out}/sparse_tables.pt")
+    for path in ("driver", "shuffle"):
+        nets, passes, jobs = engine_pass(spark, data_dir, True, path)
+        torch.save([n.state_dict() for n in nets], f"{out}/pass_{path}.pt")
+        results[f"pass_{path}"] = {"passes": passes, "jobs": jobs}
 
     # save / overwrite / load, and the estimator itself
     path = f"{out}/saved_model"
@@ -242,6 +282,9 @@ def main_phase(spark, data_dir, out, results):
 def fills_phase(spark, data_dir, out, results):
     net, summary = engine_shuffle(spark, data_dir, connect=True, iterations=2)
     torch.save(net.state_dict(), f"{out}/fills_shuffle.pt")
+    nets, passes, jobs = engine_pass(spark, data_dir, True, "shuffle", fits=PASS_FITS[:2])
+    torch.save([n.state_dict() for n in nets], f"{out}/fills_pass.pt")
+    results["fills_pass"] = {"passes": passes, "jobs": jobs}
     results["fills_misses"] = summary.placement_misses
     results["fills_rebuilt"] = summary.shards_rebuilt
     model = fit_classifier(spark, data_dir, "", epochs=1, batch_size=144)   # 2 iterations

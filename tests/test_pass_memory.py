@@ -13,7 +13,8 @@ from torch import nn
 
 from models import JobCounter, classification_data, make_rdd
 from sparkdl import DistriOptimizer, FitSet, InvalidArgumentError
-from sparkdl.engine.pass_memory import Footprint, budgets, plan_passes, spark_bytes
+from sparkdl.engine.pass_memory import (Footprint, budgets, closure_budget, plan_passes,
+                                        spark_bytes)
 from sparkdl.triggers import MaxIteration
 
 SIZES = [30, 34]
@@ -46,6 +47,23 @@ def test_budgets_follow_the_settings_as_spark_applies_them():
                                                                 "spark.driver.memory"}
     assert [b.setting for b in budgets({"spark.driver.maxResultSize": "0"}.get, "auto", 2)] == [
         "spark.driver.memory"]
+
+
+def test_a_connect_pass_keeps_its_functions_within_the_closure_limit(caplog):
+    """Under Spark Connect a job's function carries each fit's model and weights (about twice
+    its weights) unless they travel as files: passes stay within 16 MiB of them."""
+    mib = 1 << 20
+    fits = [Footprint(3 * mib, 3 * mib, 0) for _ in range(4)]       # 6 MiB inline each
+    without = closure_budget(None)
+    assert (without.setting, without.value, without.bytes) == ("exchangeDir", "unset", 16 * mib)
+    with caplog.at_level(logging.INFO, logger="sparkdl"):
+        assert plan_passes([0, 1, 2, 3], fits, [without]) == [[0, 1], [2, 3]]
+    assert "exchangeDir=unset" in caplog.text
+    # with a directory, weights above 2 MiB travel as files: nothing large stays inline
+    assert plan_passes([0, 1, 2, 3], fits, [closure_budget("/shared/x")]) == [[0, 1, 2, 3]]
+    small = [Footprint(mib, mib, 0) for _ in range(10)]                # inline either way
+    assert plan_passes(list(range(10)), small, [closure_budget("/shared/x")]) == [
+        list(range(8)), [8, 9]]
 
 
 def test_passes_are_cut_where_a_budget_would_be_exceeded(caplog):

@@ -89,6 +89,22 @@ def test_shuffle_allreduce_as_dataframe_jobs_equals_the_rdd_shuffle(spark, conne
     assert bitwise_equal(net.state_dict(), _weights(out, "shuffle.pt"))
 
 
+@pytest.mark.parametrize("path", ["driver", "shuffle"])
+def test_a_pass_of_fits_under_connect_is_each_fit_alone_bitwise(spark, connect_run, path):
+    """Issue 36 under Spark Connect: three fits (another lr; another batch size, seed and
+    length) in one pass of DataFrame jobs, each bitwise its classic fit alone, in the jobs of
+    the longest fit."""
+    data_dir, out, results = connect_run
+    alone, _, _ = job.engine_pass(spark, data_dir, False, path, together=False)
+    together = torch.load(os.path.join(out, f"pass_{path}.pt"), weights_only=True)
+    for net, state in zip(alone, together):
+        assert bitwise_equal(net.state_dict(), state)
+    ran = results[f"pass_{path}"]
+    assert ran["passes"] == [[0, 1, 2]]
+    longest = max(fit[3] for fit in job.PASS_FITS)
+    assert ran["jobs"] == longest, ran          # one gradient job per iteration for all three
+
+
 def test_sparse_tables_with_two_optimizers_equal_the_classic_path(spark, connect_run):
     data_dir, out, _ = connect_run
     assert bitwise_equal(job.fit_sparse_tables(spark, data_dir).state_dict(),
@@ -152,5 +168,12 @@ def test_missing_shards_are_filled_and_the_result_is_unchanged(spark, fills_run)
     assert results["fills_rebuilt"] == results["fills_misses"]
     net, _ = job.engine_shuffle(spark, data_dir, connect=False, iterations=2)
     assert bitwise_equal(net.state_dict(), _weights(out, "fills_shuffle.pt"))
+    # a pass whose tasks all miss their shards: filled, each fit still bitwise alone
+    alone, _, _ = job.engine_pass(spark, data_dir, False, "shuffle", together=False,
+                                  fits=job.PASS_FITS[:2])
+    together = torch.load(os.path.join(out, "fills_pass.pt"), weights_only=True)
+    for net, state in zip(alone, together):
+        assert bitwise_equal(net.state_dict(), state)
+    assert results["fills_pass"]["passes"] == [[0, 1]]
     model = job.fit_classifier(spark, data_dir, "", epochs=1, batch_size=144)
     assert bitwise_equal(model.state_dict(), _weights(out, "fills_classifier.pt"))

@@ -21,7 +21,8 @@ partitions): a pass changes what training costs, never its result. A pass of one
 Fits share a pass when they train on the same data object with the same data and parameter
 dtypes, variable-length inputs, ``allreduce``, ``num_blocks``, ``device`` and no ``compression`` or
 embedding tables sent as rows (``sparse=True``); the others train in passes of their own, and the
-log says why. Under Spark Connect every fit trains in a pass of its own. The iterations of a
+log says why. Under Spark Connect passes run as DataFrame jobs
+(:mod:`sparkdl.runners.connect_dataframe`), fits with the same ``exchange_dir``. The iterations of a
 pass: :mod:`sparkdl.engine.pass_loop`; each fit's view of the pass's runner and data:
 :mod:`sparkdl.runners.fit_view`.
 
@@ -45,7 +46,8 @@ from ..runners.fit_view import FitView, shares_passes
 from ..spark_settings import spark_setting
 from ..transport.flat_layout import ParamLayout
 from .pass_loop import PassLoop
-from .pass_memory import Budget, Footprint, budgets, describe, footprint, plan_passes
+from .pass_memory import (Budget, Footprint, budgets, closure_budget, describe, footprint,
+                          plan_passes)
 
 __all__ = ["FitSet", "SharedRunner", "pass_key", "pass_refusal"]
 
@@ -57,7 +59,8 @@ def pass_key(fit: Any, layout: ParamLayout) -> tuple[Any, ...]:
     as it is now)."""
     options = fit.settings.runner_options
     return (id(fit.training_rdd), layout.data_dtype.str, layout.numpy_dtype.str,
-            tuple(fit.sequence_inputs), options.allreduce, options.num_blocks, options.device)
+            tuple(fit.sequence_inputs), options.allreduce, options.num_blocks, options.device,
+            fit.exchange_dir)
 
 
 def pass_refusal(fit: Any, layout: ParamLayout) -> str | None:
@@ -189,9 +192,13 @@ class FitSet:
 
     @staticmethod
     def _budgets(fit: Any) -> list[Budget]:
-        """The memory bounds of a pass of fits like ``fit`` (none off Spark: in-process and
-        Spark Connect runs)."""
+        """The memory bounds of a pass of fits like ``fit`` (Spark Connect: its jobs'
+        functions; none in process)."""
+        from ..data.dataframe_arrays import DataFrameBlocks
+
         data = fit.training_rdd
+        if isinstance(data, DataFrameBlocks):
+            return [closure_budget(fit.exchange_dir)]
         context = getattr(data, "context", None)
         if context is None or not hasattr(data, "getNumPartitions"):
             return []

@@ -24,6 +24,12 @@ within each:
     of the heap per iteration. Soft: a pass above it is split, a fit that alone is above it
     trains on and the log warns (a single fit's intake is what the fit alone would take in).
 
+Under Spark Connect (:mod:`sparkdl.runners.connect_dataframe`) none of these apply; there a
+job's function carries each fit's model and weights unless they travel as files through
+``exchangeDir`` (:mod:`sparkdl.executor.exchange`), and :func:`closure_budget` keeps a pass's
+function within twice what one fit may carry (soft: one fit's own limit is checked before any
+work).
+
 The bytes are counted from the fits' parameters, buffers and optimizers; activations depend on
 the data and batch and are not counted (they are the same per fit whether fits share a pass or
 not, since a task runs its fits one after another). The driver's Python memory for the fits'
@@ -39,10 +45,12 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..errors import InvalidArgumentError
+from ..executor.exchange import CLOSURE_MAX_BYTES, FILE_ABOVE_BYTES
 from ..transport.allreduce import choose_allreduce
 from ..transport.flat_layout import ParamLayout
 
-__all__ = ["Footprint", "Budget", "footprint", "budgets", "plan_passes", "describe", "spark_bytes"]
+__all__ = ["Footprint", "Budget", "footprint", "budgets", "closure_budget", "plan_passes",
+           "describe", "spark_bytes"]
 
 log = logging.getLogger("sparkdl")
 
@@ -177,6 +185,17 @@ def budgets(setting: Callable[[str], str | None], allreduce: str,
                           f"a Python worker's memory (the setting / spark.executor.cores={cores})",
                           True, _worker))
     return out
+
+
+def closure_budget(exchange_dir: str | None) -> Budget:
+    """The bound on a Spark Connect pass: the models and weights its jobs' functions carry
+    (each fit's model and weights, about twice its weights, except those that travel as files
+    through ``exchange_dir``) within twice what one fit may carry without a directory."""
+    def inline(fits: Sequence[Footprint]) -> int:
+        return sum(2 * f.weights for f in fits
+                   if not (exchange_dir and f.weights > FILE_ABOVE_BYTES))
+    return Budget("exchangeDir", exchange_dir or "unset", 2 * CLOSURE_MAX_BYTES,
+                  "models and weights in a Spark Connect job's function", False, inline)
 
 
 def _refusal(k: int, fit: Footprint, budget: Budget) -> InvalidArgumentError:

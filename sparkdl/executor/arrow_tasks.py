@@ -33,7 +33,7 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 
-from ..transport.allreduce import sum_in_order
+from ..transport.allreduce import reported_absent, sum_in_order
 from .exchange import Payload, drop_payloads
 from .replicas import drop_replica
 from .shard_store import drop_run, open_shard
@@ -138,15 +138,17 @@ class ArrowGradientMap:
             partition = int(row["partition"])
             vector, report = self.task(partition, None)
             head = pickle.dumps(report, _PICKLE)
-            missing = bool(getattr(report, "missing_shard", False))
+            # every block of a missing partition carries its report (each reducer must know
+            # which partitions its sum lacks), and of a pass's task with fits that took no
+            # rows here (each reducer skips their zeros: PassReport.absent)
+            every = (bool(getattr(report, "missing_shard", False))
+                     or bool(getattr(report, "absent", ())))
             for k in range(len(self.bounds) - 1):
                 lo, hi = int(self.bounds[k]), int(self.bounds[k + 1])
                 block = None if vector is None else self.codec.encode(vector[lo:hi], lo)
                 for seq, chunk in enumerate(chunks(block)):
-                    # every block of a missing partition carries its report: each reducer
-                    # must know which partitions its sum lacks
                     yield _row(_MAP, [k, partition, seq, head if seq == 0 and (
-                        k == 0 or missing) else None, chunk])
+                        k == 0 or every) else None, chunk])
 
 
 def join_chunks(parts: list[tuple[int, Any]]) -> bytes | None:
@@ -183,9 +185,12 @@ class ArrowReduce:
             lo, hi = int(self.bounds[k]), int(self.bounds[k + 1])
             parts = [(p, join_chunks(c)) for p, c in pieces[k].items()]
             missing = [r.partition for r in reports.get(k, []) if r.missing_shard]
+            absent = reported_absent(reports.get(k, []))
             first = min(missing, default=None)
+            if first is not None and absent:   # a pass: the client sums every partition's
+                first = -1                     # block again, skipping the absent ranges
             total = sum_in_order([(p, b) for p, b in parts if first is None or p < first],
-                                 self.codec, lo, hi - lo)
+                                 self.codec, lo, hi - lo, absent)
             forwarded = reports.get(k, []) if k == 0 else []   # block 0 carries every report
             info = pickle.dumps((forwarded, time.perf_counter() - t0, started_at,
                                  time.time()), _PICKLE)

@@ -111,15 +111,16 @@ def set_task_threads(sub_replicas: int = 1) -> None:
         torch.set_num_threads(threads)
 
 
-def seed_task(seed: int, device_rule: str) -> None:
-    """Seed the task's torch generators: the CPU's always, CUDA's unless the task is bound to
-    the CPU (``device_rule``, :attr:`StepSpec.device`) or no GPU is visible.
+def seed_task(seed: int, device: str) -> None:
+    """Seed the task's torch generators: the CPU's always, CUDA's unless the task computes on
+    the CPU (``device``: where it computes, ``"cpu"`` or ``"cuda:N"``, or the rule of
+    :attr:`StepSpec.device` when that is not known) or no GPU is visible.
 
     The same streams as ``torch.manual_seed``, without its cost in a CPU worker: there it
     defers a seeding for each accelerator backend not yet initialised, capturing a stack trace
     for each (2.5 ms per call in a Spark worker's deep stack: 40 ms of a 16-fit pass's task)."""
     torch.default_generator.manual_seed(seed)
-    if device_rule != "cpu" and torch.cuda.is_available():
+    if device != "cpu" and torch.cuda.is_available():
         torch.cuda.manual_seed_all(seed)      # deferred until CUDA starts, as before
 
 
@@ -190,7 +191,8 @@ def _chunks(indices: np.ndarray, size: int | None) -> list[np.ndarray]:
 
 def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
                      replica_of: Callable[[int], Replica], weights: np.ndarray | Refresh,
-                     attempt: int = 0) -> tuple[np.ndarray | None, TaskReport]:
+                     attempt: int = 0, device: str | None = None
+                     ) -> tuple[np.ndarray | None, TaskReport]:
     """The weighted local gradient of ``partition`` (None when it has no share); the report
     says which parameters got a gradient and carries the buffers the task changed.
 
@@ -198,7 +200,8 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
     ``missing_shard``); ``replica_of(s)`` gives sub-replica ``s`` (only called when there is
     work). ``weights``: the whole state, or a :class:`Refresh` that brings the replica's own
     copy to the driver's version (:mod:`sparkdl.transport.weight_refresh`). With
-    ``step.sub_replicas`` > 1 the share is split into that many contiguous parts
+    ``device``: where the replicas compute (``"cpu"``, ``"cuda:N"``; None: by the rule of
+    ``step.device``), for seeding. With ``step.sub_replicas`` > 1 the share is split into that many contiguous parts
     computed concurrently on sub-replicas 0, 1, ... and their vectors summed in that order
     (:mod:`sparkdl.executor.sub_replicas`).
     """
@@ -211,7 +214,7 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
         report.missing_shard = True
         return None, report
     t0 = time.perf_counter()
-    seed_task(task_seed(step.seed, step.iteration, partition), step.device)
+    seed_task(task_seed(step.seed, step.iteration, partition), device or step.device)
     start = int(step.starts[partition])
     indices = shard.permutation(step.seed, step.epoch, partition, step.shuffle)[start:start + count]
     parts = [(s, part) for s, part in enumerate(sub_shares(indices, step.sub_replicas))

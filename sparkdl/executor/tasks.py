@@ -88,7 +88,7 @@ class GradientTask:
 
             weights = self.weights if isinstance(self.weights, Refresh) else self.weights.value
             vector, report = compute_gradient(self.step, partition, shard, replica, weights,
-                                              attempt=_attempt())
+                                              attempt=_attempt(), device=choice.device)
         except SparkdlError as exc:
             fatal = permanent_report(exc)
             if fatal is None:

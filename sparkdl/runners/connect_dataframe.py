@@ -19,6 +19,11 @@ have no SparkContext, RDDs, broadcasts or py4j (the second :class:`IterationRunn
   again: the driver path sums every partition's vector again; on the shuffle path each
   reducer's sum stopped before the first missing partition and sent the later partitions'
   blocks, so the client goes on adding in partition order.
+* Several fits over the same data (a pass: :mod:`sparkdl.engine.fit_set`) run one job per
+  iteration for all of them: each task computes every fit's vector on its shard
+  (:class:`~sparkdl.executor.tasks.PassGradientTask`), the vectors one after another are summed
+  as one, each fit's part exactly as its own job would, and each fit's weights travel as their
+  own payload.
 * Every build and fill plans the DataFrame again. A source whose split follows the cluster's
   cores (a local relation, ``range``, small files) can split differently once executors join or
   leave; the rebuilt shard then fails the content check with a message saying what to do
@@ -38,6 +43,7 @@ from __future__ import annotations
 import logging
 import pickle
 import time
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -50,15 +56,16 @@ from ..executor.arrow_tasks import (BUILD_SCHEMA, MAP_SCHEMA, REDUCE_SCHEMA, RES
 from ..executor.replicas import ReplicaSpec
 from ..executor.shard_store import ShardSummary
 from ..executor.step import StepSpec
-from ..executor.tasks import EvaluationTask, GradientTask
+from ..executor.tasks import EvaluationTask, GradientTask, PassGradientTask
 from ..metrics import ValidationMetric
 from ..storage.arrow_files import ArrowFiles
 from ..transport.allreduce import (AllReduceResult, DriverAllReduce, block_bounds,
-                                  choose_allreduce, sum_in_order)
+                                  choose_allreduce, reported_absent, sum_in_order)
 from ..transport.codecs import make_codec
 from ..executor.live_runs import live_runs, new_key, release_key
 from ..executor.exchange import Exchange, Payload, check_exchange
 from ..transport.flat_layout import ParamLayout
+from ..transport.pass_results import split_pass_result
 from ..transport.weight_refresh import StateVersion
 from .cached_rdd import lost_data_reason, memory_kill_reason, shard_place
 from .held_data import HeldData, complete_misses, not_found
@@ -125,6 +132,39 @@ class ConnectData(HeldData):
         return rows       # type: ignore[return-value]
 
 
+@dataclass
+class _Summing:
+    """How an iteration's vectors of ``size`` values are summed: by the client (``driver``) or
+    in the blocks of ``bounds`` by ``repartitionById``, each travelling through ``codec``."""
+
+    size: int
+    dtype: np.dtype
+    driver: bool
+    bounds: np.ndarray
+    codec: Any
+    client: DriverAllReduce
+
+    @classmethod
+    def of(cls, size: int, dtype: np.dtype, options: RunnerOptions, num_partitions: int,
+           codec: Any) -> "_Summing":
+        path = options.allreduce
+        if path == "auto":
+            path = choose_allreduce(size * np.dtype(dtype).itemsize, num_partitions)
+        driver = path == "driver"
+        blocks = 1 if driver else (options.num_blocks or num_partitions)
+        return cls(size, np.dtype(dtype), driver, block_bounds(size, blocks), codec,
+                   DriverAllReduce(size, dtype, codec))
+
+
+@dataclass
+class _ConnectFit:
+    """One fit of the runner: its replicas' key, its shipped model and how its vectors sum."""
+
+    run_key: str
+    spec: Payload
+    summing: _Summing
+
+
 class ConnectDataFrameRunner:
     """DataFrame jobs on a Spark Connect (or classic) session (see the module docstring).
 
@@ -143,14 +183,11 @@ class ConnectDataFrameRunner:
         self.exchange_dir = exchange_dir
         self._exchange = Exchange(exchange_dir, self.run_key)
         self._held: list[ConnectData] = []
-        self._spec: Payload | None = None
         self._options = RunnerOptions()
-        self._bounds = np.zeros(2, dtype=np.int64)
-        self._codec: Any = None
-        self._client_sum: DriverAllReduce | None = None
-        self._size = 0
-        self._dtype = np.dtype(np.float32)
-        self._driver_sum = True
+        self._fits: dict[int, _ConnectFit] = {}
+        self._default: int | None = None
+        self._passes: dict[tuple[int, ...], _Summing] = {}
+        self._closed: list[str] = []
 
     def _conf(self, key: str, default: str = "") -> str:
         try:
@@ -200,37 +237,42 @@ class ConnectDataFrameRunner:
 
     def start(self, spec: ReplicaSpec, layout: ParamLayout, options: RunnerOptions,
               train: ConnectData) -> str:
+        fit, how = self.add_fit(spec, layout, options, train)
+        if self._default is None:
+            self._default = fit
+        return how
+
+    def add_fit(self, spec: ReplicaSpec, layout: ParamLayout, options: RunnerOptions,
+                train: ConnectData) -> tuple[int, str]:
+        """Ship one more fit's model (its own replicas' key); returns its number and how its
+        vectors are summed alone. The fits of one runner share ``options`` (the first fit's
+        are kept)."""
         from pyspark import cloudpickle
 
         check_exchange(layout.state_bytes, self.exchange_dir)
-        self._spec = self._exchange.ship(cloudpickle.dumps(spec), "model")
-        self._options = options
-        self._size, self._dtype = layout.size, layout.numpy_dtype
-        path = options.allreduce
-        if path == "auto":
-            path = choose_allreduce(layout.size * layout.numpy_dtype.itemsize,
-                                    train.num_partitions)
-        self._driver_sum = path == "driver"
-        blocks = 1 if self._driver_sum else (options.num_blocks or train.num_partitions)
-        self._bounds = block_bounds(layout.size, blocks)
-        self._codec = make_codec(options.compression, layout.numpy_dtype,
-                                 layout.num_param_values)
-        self._client_sum = DriverAllReduce(layout.size, layout.numpy_dtype, self._codec)
-        how = ("the client sums the vectors" if self._driver_sum else
-               f"repartitionById all-reduce in {len(self._bounds) - 1} blocks")
+        if not self._fits:
+            self._options = options
+        codec = make_codec(options.compression, layout.numpy_dtype, layout.num_param_values)
+        summing = _Summing.of(layout.size, layout.numpy_dtype, options, train.num_partitions,
+                              codec)
+        number = max(self._fits, default=-1) + 1
+        self._fits[number] = _ConnectFit(
+            new_key("run"), self._exchange.ship(cloudpickle.dumps(spec), "model"), summing)
+        how = ("the client sums the vectors" if summing.driver else
+               f"repartitionById all-reduce in {len(summing.bounds) - 1} blocks")
         via = ("through files in the exchange directory" if self._exchange.by_file(layout.state_bytes)
                else "inside the tasks' functions")
-        return (f"DataFrame jobs (Spark Connect), {how} of {layout.size} values, weights "
-                f"{via}" + (f" (gradients in {options.compression})"
-                            if options.compression else ""))
+        return number, (f"DataFrame jobs (Spark Connect), {how} of {layout.size} values, "
+                        f"weights {via}" + (f" (gradients in {options.compression})"
+                                            if options.compression else ""))
 
     # ------------------------------------------------------------------ one iteration
-    def _map(self, data: ConnectData, task: GradientTask, bounds: np.ndarray) -> Any:
-        return data.index.mapInArrow(ArrowGradientMap(task, bounds, self._codec), MAP_SCHEMA)
+    def _map(self, data: ConnectData, task: Any, bounds: np.ndarray, codec: Any) -> Any:
+        return data.index.mapInArrow(ArrowGradientMap(task, bounds, codec), MAP_SCHEMA)
 
-    def _driver_job(self, data: ConnectData, task: GradientTask) -> AllReduceResult:
+    def _driver_job(self, data: ConnectData, task: Any, s: _Summing) -> AllReduceResult:
         submitted_at = time.time()
-        table = self._map(data, task, block_bounds(self._size, 1)).toArrow()   # whole vectors
+        table = self._map(data, task, block_bounds(s.size, 1), s.codec).toArrow()   # whole
         returned_at, t0 = time.time(), time.perf_counter()
         pieces: dict[int, list[tuple[int, Any]]] = {}
         reports = []
@@ -239,22 +281,23 @@ class ConnectDataFrameRunner:
             if row["report"] is not None:
                 reports.append(pickle.loads(row["report"]))
         parts = [(p, join_chunks(c)) for p, c in pieces.items()]
-        vector = sum_in_order(parts, self._codec, 0, self._size)
+        vector = sum_in_order(parts, s.codec, 0, s.size, reported_absent(reports))
         return (AllReduceResult(vector, reduce_s=time.perf_counter() - t0,
                                 reports=sorted(reports, key=lambda r: r.partition),
                                 submitted_at=submitted_at, returned_at=returned_at,
                                 pending=parts))
 
-    def _shuffle_job(self, data: ConnectData, task: GradientTask) -> AllReduceResult:
-        blocks = len(self._bounds) - 1
+    def _shuffle_job(self, data: ConnectData, task: Any, s: _Summing) -> AllReduceResult:
+        blocks = len(s.bounds) - 1
         submitted_at = time.time()
-        reduced = self._map(data, task, self._bounds).repartitionById(blocks, "k").mapInArrow(
-            ArrowReduce(self._bounds, self._codec), REDUCE_SCHEMA)
-        return self._shuffle_result(reduced.toArrow(), submitted_at)
+        reduced = self._map(data, task, s.bounds, s.codec).repartitionById(
+            blocks, "k").mapInArrow(ArrowReduce(s.bounds, s.codec), REDUCE_SCHEMA)
+        return self._shuffle_result(reduced.toArrow(), submitted_at, s)
 
-    def _shuffle_result(self, table: Any, submitted_at: float) -> AllReduceResult:
+    def _shuffle_result(self, table: Any, submitted_at: float, s: _Summing
+                        ) -> AllReduceResult:
         """The reducers' rows (REDUCE_SCHEMA) as the iteration's result."""
-        result = AllReduceResult(np.empty(self._size, dtype=self._dtype),
+        result = AllReduceResult(np.empty(s.size, dtype=s.dtype),
                                  submitted_at=submitted_at, returned_at=time.time())
         pieces: dict[int, list[tuple[int, Any]]] = {}
         later: dict[int, dict[int, list[tuple[int, Any]]]] = {}
@@ -282,11 +325,11 @@ class ConnectDataFrameRunner:
             if payload is None:
                 result.vector = None
             elif result.vector is not None:
-                lo, hi = int(self._bounds[k]), int(self._bounds[k + 1])
-                result.vector[lo:hi] = np.frombuffer(payload, dtype=self._dtype)
+                lo, hi = int(s.bounds[k]), int(s.bounds[k + 1])
+                result.vector[lo:hi] = np.frombuffer(payload, dtype=s.dtype)
         return result
 
-    def _finish_blocks(self, result: AllReduceResult, filled: dict[int, Any]
+    def _finish_blocks(self, result: AllReduceResult, filled: dict[int, Any], s: _Summing
                        ) -> AllReduceResult:
         """The shuffle path's blocks completed on the client: each reducer's sum of the
         partitions before the first missing one, then, in partition order, the filled
@@ -294,19 +337,30 @@ class ConnectDataFrameRunner:
         partitions' blocks the reducer sent: bitwise the sum of an undisturbed shuffle."""
         assert result.pending_blocks is not None
         t0 = time.perf_counter()
-        vector: np.ndarray | None = np.empty(self._size, dtype=self._dtype)
+        vector: np.ndarray | None = np.empty(s.size, dtype=s.dtype)
+        reports = {r.partition: r for r in result.reports}
+        reports.update({p: report for p, (_, report) in filled.items()})
+        absent = reported_absent(reports.values())    # the filled tasks' own, not the missed
         for k, (prefix, later) in result.pending_blocks.items():
-            lo, hi = int(self._bounds[k]), int(self._bounds[k + 1])
+            lo, hi = int(s.bounds[k]), int(s.bounds[k + 1])
             parts = dict(later)
             for p, (filled_vector, _) in filled.items():
                 parts[p] = (None if filled_vector is None else
-                            self._codec.encode(filled_vector[lo:hi], lo))
+                            s.codec.encode(filled_vector[lo:hi], lo))
+            if absent:      # a pass: the reducer sent every partition's block (ArrowReduce)
+                assert prefix is None
+                total = sum_in_order(list(parts.items()), s.codec, lo, hi - lo, absent)
+                if total is None:
+                    vector = None
+                elif vector is not None:
+                    vector[lo:hi] = total
+                continue
             # the reducer's running sum, continued in partition order (as sum_in_order adds)
-            acc = None if prefix is None else np.frombuffer(prefix, self._dtype).copy()
+            acc = None if prefix is None else np.frombuffer(prefix, s.dtype).copy()
             for _, payload in sorted(parts.items()):
                 if payload is None:
                     continue
-                block = self._codec.decode(payload, lo, hi - lo)
+                block = s.codec.decode(payload, lo, hi - lo)
                 if acc is None:
                     acc = block.copy()
                 else:
@@ -315,8 +369,6 @@ class ConnectDataFrameRunner:
                 vector = None
             elif vector is not None:
                 vector[lo:hi] = acc
-        reports = {r.partition: r for r in result.reports}
-        reports.update({p: report for p, (_, report) in filled.items()})
         done = AllReduceResult(vector, reduce_s=result.reduce_s + time.perf_counter() - t0,
                                reports=sorted(reports.values(), key=lambda r: r.partition),
                                submitted_at=result.submitted_at,
@@ -328,47 +380,80 @@ class ConnectDataFrameRunner:
 
     def gradients(self, data: ConnectData, step: StepSpec, version: StateVersion
                   ) -> AllReduceResult:
-        assert self._spec is not None and self._client_sum is not None
-        weights = version.state        # whole: Connect has no broadcasts to keep deltas in
+        assert self._default is not None
+        return self.gradients_together(data, [(self._default, step, version)])[0]
+
+    def gradients_together(self, data: ConnectData,
+                           entries: Sequence[tuple[int, StepSpec, StateVersion]]
+                           ) -> list[AllReduceResult]:
+        """One job for the iteration of every fit in ``entries`` (``(fit, step, weights)``):
+        each fit's vector summed in partition order, exactly as its own job would (one fit
+        alone: its own job; :mod:`sparkdl.engine.fit_set`)."""
+        assert entries
         t0 = time.perf_counter()
-        shipped = [self._exchange.ship(np.ascontiguousarray(weights).tobytes(),
-                                       f"weights-{step.iteration}")]
-        broadcast_s = time.perf_counter() - t0
-        task = GradientTask(self.run_key, data.data_key, step, PayloadValue(self._spec),
-                            PayloadValue(shipped[0], "array", weights.dtype.str),
-                            live=live_runs())
+        live = live_runs()
+        shipped, tasks = [], []
         try:
-            if self._driver_sum:
-                result = self._driver_job(data, task)
+            for number, step, version in entries:
+                fit = self._fits[number]
+                weights = version.state    # whole: Connect has no broadcasts to keep deltas in
+                shipped.append(self._exchange.ship(np.ascontiguousarray(weights).tobytes(),
+                                                   f"weights-{number}-{step.iteration}"))
+                tasks.append(GradientTask(fit.run_key, data.data_key, step,
+                                          PayloadValue(fit.spec),
+                                          PayloadValue(shipped[-1], "array", weights.dtype.str),
+                                          live=live))
+            broadcast_s = time.perf_counter() - t0
+            fits = [self._fits[number] for number, _, _ in entries]
+            sizes = [fit.summing.size for fit in fits]
+            if len(entries) == 1:
+                task: Any = tasks[0]
+                s = fits[0].summing
             else:
-                result = self._shuffle_job(data, task)
+                task = PassGradientTask(data.data_key, tasks, sizes, fits[0].summing.dtype.str,
+                                        live=live)
+                s = self._pass_summing([number for number, _, _ in entries], sizes, data)
+            result = (self._driver_job(data, task, s) if s.driver
+                      else self._shuffle_job(data, task, s))
             result = complete_misses(result, lambda missing: data.fill(missing, task),
-                                     self._complete, data.num_partitions)
+                                     lambda r, filled: self._complete(r, filled, s),
+                                     data.num_partitions)
         finally:
             for payload in shipped:
                 self._exchange.discard(payload)
         result.broadcast_s = broadcast_s
-        return result
+        return [result] if len(entries) == 1 else split_pass_result(result, sizes)
 
-    def _complete(self, result: AllReduceResult, filled: dict[int, Any]) -> AllReduceResult:
+    def _pass_summing(self, numbers: list[int], sizes: list[int], data: ConnectData
+                      ) -> _Summing:
+        """How these fits' vectors, one after another, are summed (kept while the set of fits
+        stays the same); exact: fits with compression train alone."""
+        key = tuple(numbers)
+        if key not in self._passes:
+            dtype = self._fits[numbers[0]].summing.dtype
+            self._passes = {key: _Summing.of(sum(sizes), dtype, self._options,
+                                             data.num_partitions, make_codec(None, dtype, 0))}
+        return self._passes[key]
+
+    def _complete(self, result: AllReduceResult, filled: dict[int, Any], s: _Summing
+                  ) -> AllReduceResult:
         """An iteration with filled partitions, finished on the client in partition order,
         bitwise what the undisturbed job gives, with nothing large in a job's function and no
         other task computed again: the driver path sums the partitions' encoded vectors with
         the filled ones in place of the missing; the shuffle path continues each reducer's
         running sum (:meth:`_finish_blocks`)."""
-        assert self._client_sum is not None
         if result.pending_blocks is not None:
-            return self._finish_blocks(result, filled)
+            return self._finish_blocks(result, filled, s)
         missing = {p: filled[p] for p in result.missing_partitions if p in filled}
-        return self._client_sum.complete(result, missing) if missing else result
+        return s.client.complete(result, missing) if missing else result
 
     def evaluate(self, data: ConnectData, weights: np.ndarray,
-                 metrics: Sequence[ValidationMetric], batch_size: int
+                 metrics: Sequence[ValidationMetric], batch_size: int, fit: int | None = None
                  ) -> list[PartitionMetrics]:
-        assert self._spec is not None
+        one = self._fits[self._default if fit is None else fit]
         payload = self._exchange.ship(np.ascontiguousarray(weights).tobytes(), "weights-eval")
         try:
-            task = EvaluationTask(self.run_key, data.data_key, PayloadValue(self._spec),
+            task = EvaluationTask(one.run_key, data.data_key, PayloadValue(one.spec),
                                   PayloadValue(payload, "array", weights.dtype.str), list(metrics),
                                   batch_size, self._options.device, self._options.precision,
                                   live=live_runs())
@@ -390,8 +475,20 @@ class ConnectDataFrameRunner:
     def rebuild(self, data: ConnectData, reason: str) -> None:
         data.rebuild(reason)
 
+    def close_fit(self, fit: int) -> None:
+        """Release one fit's replicas (its data stays with the runner; the workers' cleanup
+        job runs once, in :meth:`close`)."""
+        one = self._fits.pop(fit, None)
+        if one is None:
+            return
+        self._passes = {}
+        self._exchange.discard(one.spec)
+        release_key(one.run_key)      # the next task in a worker evicts its replicas
+        self._closed.append(one.run_key)
+
     def close(self) -> None:
-        keys = [self.run_key] + [d.data_key for d in self._held]
+        keys = ([self.run_key] + [one.run_key for one in self._fits.values()] + self._closed
+                + [d.data_key for d in self._held])
         for key in keys:     # later tasks of any run evict what the cleanup job misses
             release_key(key)
         try:
@@ -402,4 +499,4 @@ class ConnectDataFrameRunner:
             log.debug("cleanup of %s in the Python workers failed: %s", keys, exc)
         self._exchange.close()
         self._held = []
-        self._spec = None
+        self._fits, self._passes, self._closed = {}, {}, []

@@ -35,7 +35,7 @@ from .python_jobs import IterationJobs, JobRdd
 
 __all__ = ["AllReduceResult", "ShuffleAllReduce", "DriverAllReduce", "block_bounds",
            "choose_allreduce", "make_allreduce", "make_pass_allreduce", "sum_in_order",
-           "with_resources",
+           "reported_absent", "with_resources",
            "DRIVER_ALLREDUCE_MAX_BYTES"]
 
 DRIVER_ALLREDUCE_MAX_BYTES = 64 << 20
@@ -371,7 +371,7 @@ class DriverAllReduce:
         returned_at, t0 = time.time(), time.perf_counter()
         parts = [(r.partition, b) for r, b in messages]
         reports = sorted((r for r, _ in messages), key=lambda r: r.partition)
-        vector = sum_in_order(parts, self.codec, 0, self.size, _absent(reports))
+        vector = sum_in_order(parts, self.codec, 0, self.size, reported_absent(reports))
         missing = any(getattr(r, "missing_shard", False) for r in reports)
         return AllReduceResult(vector, reduce_s=time.perf_counter() - t0, reports=reports,
                                submitted_at=submitted_at, returned_at=returned_at,
@@ -392,14 +392,14 @@ class DriverAllReduce:
         ordered = sorted(reports.values(), key=lambda r: r.partition)
         missing = any(getattr(r, "missing_shard", False) for r in ordered)
         return AllReduceResult(sum_in_order(parts.items(), self.codec, 0, self.size,
-                                            _absent(ordered)),
+                                            reported_absent(ordered)),
                                reduce_s=result.reduce_s + time.perf_counter() - t0,
                                reports=ordered, submitted_at=result.submitted_at,
                                returned_at=result.returned_at,
                                pending=list(parts.items()) if missing else None)
 
 
-def _absent(reports: Iterable[Any]) -> dict[int, Any]:
+def reported_absent(reports: Iterable[Any]) -> dict[int, Any]:
     """The reports' absent ranges by partition (a pass's fits without rows there)."""
     return {r.partition: r.absent for r in reports if getattr(r, "absent", ())}
 
