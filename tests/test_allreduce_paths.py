@@ -193,7 +193,7 @@ def test_connect_shuffle_blocks_after_a_miss_finish_on_the_client_bitwise(codec_
     import pyarrow as pa
 
     from sparkdl.executor.arrow_tasks import ArrowGradientMap, ArrowReduce, read_rows
-    from sparkdl.runners.connect_dataframe import ConnectDataFrameRunner
+    from sparkdl.runners.connect_dataframe import ConnectDataFrameRunner, _Summing
     from sparkdl.transport.allreduce import DriverAllReduce, block_bounds
     from sparkdl.transport.codecs import make_codec
 
@@ -220,14 +220,13 @@ def test_connect_shuffle_blocks_after_a_miss_finish_on_the_client_bitwise(codec_
         return pa.Table.from_batches(out)
 
     runner = ConnectDataFrameRunner(spark=None)
-    runner._size, runner._dtype, runner._bounds, runner._codec = size, np.dtype(np.float32), \
-        bounds, codec
-    runner._client_sum = DriverAllReduce(size, np.float32, codec)
-    undisturbed = runner._shuffle_result(reduced([]), 0.0)
-    first = runner._shuffle_result(reduced(missing), 0.0)
+    summing = _Summing(size, np.dtype(np.float32), False, bounds, codec,
+                       DriverAllReduce(size, np.float32, codec))
+    undisturbed = runner._shuffle_result(reduced([]), 0.0, summing)
+    first = runner._shuffle_result(reduced(missing), 0.0, summing)
     assert first.missing_partitions == missing and first.pending_blocks is not None
     filled = {p: (vectors[p], _Report(p, False)) for p in missing}
-    done = runner._complete(first, filled)
+    done = runner._complete(first, filled, summing)
     assert done.missing_partitions == [] and len(done.reports) == n
     assert np.array_equal(done.vector, undisturbed.vector)
 
