@@ -105,13 +105,13 @@ def engine_shuffle(spark, data_dir, connect, iterations=6):
     return net, opt.summary
 
 
-PASS_FITS = ((0.1, 48, 9, 4), (0.05, 48, 9, 4), (0.1, 36, 3, 3))
-"""lr, batch size, seed, iterations of the three fits of engine_pass."""
+PASS_FITS = ((0.1, 48, 9, 4, None), (0.05, 48, 9, 4, None), (0.1, 36, 3, 3, "bf16"))
+"""lr, batch size, seed, iterations and compression of the three fits of engine_pass."""
 
 
 def engine_pass(spark, data_dir, connect, allreduce, together=True, fits=PASS_FITS):
-    """Fits over the same DataFrame blocks: another learning rate, another batch size, seed and
-    length; trained as one pass (``together``: sparkdl.FitSet) or each alone. Returns the
+    """Fits over the same DataFrame blocks: another learning rate, another batch size, seed,
+    length and bf16 gradients; trained as one pass (``together``: sparkdl.FitSet) or each alone. Returns the
     models and the FitSet's passes and jobs (None alone)."""
     from sparkdl import DistriOptimizer, FitSet
     from sparkdl.data.dataframe_arrays import feature_sources, frame_blocks
@@ -122,14 +122,14 @@ def engine_pass(spark, data_dir, connect, allreduce, together=True, fits=PASS_FI
                           None, 2)
     data = blocks if connect else blocks.to_rdd()
     opts = []
-    for lr, batch, seed, iterations in fits:
+    for lr, batch, seed, iterations, compression in fits:
         net = mlp()
         opts.append(DistriOptimizer(net, data, torch.nn.CrossEntropyLoss(),
                                     torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9),
                                     batch_size=batch, end_trigger=MaxIteration(iterations),
                                     seed=seed, allreduce=allreduce,
                                     num_blocks=3 if allreduce == "shuffle" else None,
-                                    progress_bar=False))
+                                    compression=compression, progress_bar=False))
     if not together:
         for opt in opts:
             opt.optimize()

@@ -167,18 +167,47 @@ def test_a_fit_that_stops_early_or_fails_leaves_the_pass_and_the_others_go_on(ca
 
 
 def test_fits_that_cannot_share_a_pass_train_in_passes_of_their_own(caplog):
+    """Another data object is another pass; a fit with compression shares the pass of the
+    exact fits and is bitwise the same fit alone."""
     data, _, _ = local_data()
     other, _, _ = local_data()
-    fits = [grid_fit(data, {"lr": 0.1}), grid_fit(other, {"lr": 0.1}),
-            grid_fit(data, {"lr": 0.05})]
-    fits.append(grid_fit(data, {"lr": 0.02, "compression": "bf16"}))
+    settings = [{"lr": 0.1}, {"lr": 0.05}, {"lr": 0.02, "compression": "bf16"}]
+    fits = [grid_fit(data, settings[0]), grid_fit(other, {"lr": 0.1}),
+            grid_fit(data, settings[1]), grid_fit(data, settings[2])]
     with caplog.at_level(logging.INFO, logger="sparkdl"):
         fit_set = FitSet(fits)
         fit_set.run()
-    assert fit_set.passes == [[0, 2], [1], [3]]
-    assert "fit 3 trains in a pass of its own: compression='bf16' cannot share a pass" in \
-        caplog.text
-    assert "4 fits train in 3 passes" in caplog.text
+    assert fit_set.passes == [[0, 2, 3], [1]]
+    assert "4 fits train in 2 passes" in caplog.text
+    alone = grid_fit(data, settings[2])
+    alone.optimize()
+    assert same_bytes(alone.model, fits[3].model)
+    exact = grid_fit(data, {"lr": 0.02})
+    exact.optimize()
+    assert not same_bytes(exact.model, fits[3].model)     # bf16 changed the sums
+
+
+def test_a_pass_codec_sends_each_fits_part_as_its_own_codec_does():
+    """A pass's vector of a bf16 fit, an exact one and another bf16 fit (other exact
+    buffer ranges): any block of it decodes to exactly what each fit's own codec gives for
+    that part."""
+    from sparkdl.transport.codecs import Bf16Codec, make_pass_codec
+
+    f32 = np.dtype("float32")
+    own = [Bf16Codec(f32, exact_from=5), ExactCodec(f32), Bf16Codec(f32, exact_from=3)]
+    sizes = [8, 4, 6]
+    vector = np.random.default_rng(0).normal(size=sum(sizes)).astype(np.float32) / 3
+    expected = np.concatenate([c.decode(c.encode(v, 0), 0, len(v)) for c, v in zip(
+        own, np.split(vector, np.cumsum(sizes)[:-1]))])
+    assert not np.array_equal(expected, vector)          # something was rounded
+    codec = make_pass_codec(own, sizes, f32)
+    assert codec.rounded == ((0, 5), (12, 15))
+    for lo, hi in [(0, 18), (3, 13), (6, 12), (13, 18), (4, 5)]:
+        payload = codec.encode(vector[lo:hi], lo)
+        assert len(payload) == 4 * (hi - lo) - 2 * sum(
+            max(0, min(b, hi) - max(a, lo)) for a, b in codec.rounded)
+        assert codec.decode(payload, lo, hi - lo).tobytes() == expected[lo:hi].tobytes()
+    assert type(make_pass_codec([ExactCodec(f32)] * 2, [3, 4], f32)) is ExactCodec
 
 
 def test_bad_fit_sets_are_refused_before_any_work():
@@ -198,13 +227,16 @@ def test_bad_fit_sets_are_refused_before_any_work():
 
 def test_a_grid_on_spark_runs_one_job_per_iteration_and_holds_the_data_once(sc):
     """On local[2]: a grid of lr x weight decay plus a setting with another batch size and more
-    epochs, as a pass on each AllReduce path. Each fit is bitwise the fit alone; the pass's jobs
+    epochs and one whose gradients travel in bf16 (its BatchNorm statistics exact), as a pass on
+    each AllReduce path. Each fit is bitwise the fit alone; the pass's jobs
     are those of its longest fit plus a constant (not one set per setting), and the training
     data's shards are built once."""
     x, y = classification_data(100)
     rdd = make_rdd(sc, list(zip(x, y)), SIZES)
     grid = ([{"lr": lr, "wd": wd} for lr in (0.1, 0.02) for wd in (0.0, 1e-3)]
-            + [{"lr": 0.05, "batch": 30, "epochs": 3}])
+            + [{"lr": 0.05, "batch": 30, "epochs": 3},
+               {"lr": 0.02, "compression": "bf16", "model": BatchNormNet, "batch": 100,
+                "epochs": 3}])
     alone_jobs = []
     alone = []
     for setting in grid:

@@ -92,8 +92,8 @@ def test_shuffle_allreduce_as_dataframe_jobs_equals_the_rdd_shuffle(spark, conne
 @pytest.mark.parametrize("path", ["driver", "shuffle"])
 def test_a_pass_of_fits_under_connect_is_each_fit_alone_bitwise(spark, connect_run, path):
     """Issue 36 under Spark Connect: three fits (another lr; another batch size, seed and
-    length) in one pass of DataFrame jobs, each bitwise its classic fit alone, in the jobs of
-    the longest fit."""
+    length with bf16 gradients) in one pass of DataFrame jobs, each bitwise its classic fit
+    alone, in the jobs of the longest fit."""
     data_dir, out, results = connect_run
     alone, _, _ = job.engine_pass(spark, data_dir, False, path, together=False)
     together = torch.load(os.path.join(out, f"pass_{path}.pt"), weights_only=True)

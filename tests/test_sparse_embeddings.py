@@ -537,3 +537,66 @@ def test_a_table_that_stops_being_row_local_mid_run_is_sent_whole(data, verified
                                 BatchPlan(SIZES, BATCH, SEED, True), ITERATIONS,
                                 lambda o: MomentumAfter(o, 5), "iteration")
     assert max_abs_diff(net, reference) <= 1e-5
+
+
+def _pass_fit(rdd, setting: dict, allreduce: str) -> DistriOptimizer:
+    """One fit of the tables grid below (torch seeded: the same initial weights every call)."""
+    torch.manual_seed(setting["init"])
+    net = TwoTower(sparse=setting["sparse"])
+    optimizer = {"sparse_adam": lambda: OptimizerSequence(tables_and_rest(net)),
+                 "adagrad": lambda: torch.optim.Adagrad(net.parameters(), lr=0.1),
+                 "sgd": lambda: torch.optim.SGD(net.parameters(), lr=0.05)}[setting["opt"]]()
+    return DistriOptimizer(net, rdd, nn.MSELoss(), optimizer, batch_size=setting["batch"],
+                           end_trigger=MaxIteration(setting["iterations"]), seed=SEED,
+                           progress_bar=False, allreduce=allreduce, num_blocks=3,
+                           compression=setting.get("compression"))
+
+
+TABLES_GRID = [
+    {"init": 2, "sparse": True, "opt": "sparse_adam", "batch": BATCH, "iterations": 12},
+    {"init": 3, "sparse": True, "opt": "adagrad", "batch": 32, "iterations": 9,
+     "compression": "bf16"},
+    {"init": 4, "sparse": False, "opt": "sgd", "batch": 40, "iterations": 10}]
+
+
+def test_fits_with_tables_train_in_one_pass_each_bitwise_alone(data, verified_replicas, caplog):
+    """Three recommenders with other optimizers, batch sizes, lengths, sparse and dense tables
+    and one with bf16 gradients, trained in one pass on each AllReduce path: each fit's rows
+    are summed on their own (by block on the shuffle), each fit's replicas are refreshed as
+    alone (the sparse tables by their own row deltas) and verified against the driver's weights
+    every task, and each fit is bitwise the same fit alone; the first equals single-process
+    torch."""
+    from sparkdl import FitSet
+
+    def travelled() -> list[str]:
+        return sorted(r.getMessage() for r in caplog.records
+                      if r.getMessage().startswith("the weights travelled as"))
+
+    x, y, rdd = data
+    alone = [_pass_fit(rdd, s, "shuffle") for s in TABLES_GRID]
+    with caplog.at_level("INFO", logger="sparkdl"):
+        for fit in alone:
+            fit.optimize()
+    alone_travelled = travelled()
+    for allreduce in ("shuffle", "driver"):
+        together = [_pass_fit(rdd, s, allreduce) for s in TABLES_GRID]
+        fit_set = FitSet(together)
+        caplog.clear()
+        with caplog.at_level("INFO", logger="sparkdl"):
+            fit_set.run()
+        assert fit_set.passes == [[0, 1, 2]]
+        assert fit_set.jobs == max(s["iterations"] for s in TABLES_GRID)
+        for k, (one, fit) in enumerate(zip(alone, together)):
+            assert fit.iteration == TABLES_GRID[k]["iterations"]
+            assert bitwise_equal(fit.model, one.model), (allreduce, k)
+        # each fit's refresh as alone: the sparse tables' fits by row deltas, the dense one
+        # (not row-local) by full copies
+        assert travelled() == alone_travelled
+        deltas = sorted(int(re.search(r"(\d+) row deltas", line).group(1))
+                        for line in alone_travelled)
+        assert deltas[0] == 0 and deltas[1] >= 5, alone_travelled
+    torch.manual_seed(2)
+    reference = reference_train(TwoTower(), x, y, nn.MSELoss(),
+                                lambda m: OptimizerSequence(tables_and_rest(m)),
+                                BatchPlan(SIZES, BATCH, SEED, True), 12)
+    assert max_abs_diff(together[0].model, reference) <= 1e-5

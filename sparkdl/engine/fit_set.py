@@ -19,9 +19,10 @@ partitions): a pass changes what training costs, never its result. A pass of one
 :meth:`sparkdl.DistriOptimizer.optimize`.
 
 Fits share a pass when they train on the same data object with the same data and parameter
-dtypes, variable-length inputs, ``allreduce``, ``num_blocks``, ``device`` and no ``compression`` or
-embedding tables sent as rows (``sparse=True``); the others train in passes of their own, and the
-log says why. Under Spark Connect passes run as DataFrame jobs
+dtypes, variable-length inputs, ``allreduce``, ``num_blocks`` and ``device``; the others train in
+passes of their own, and the log says why. Within a pass each fit keeps its own ``compression``
+(its part of the vector travels through its own codec) and its embedding tables' rows (summed
+per fit, by block on the shuffle path; each fit's weights refreshed by its own row deltas). Under Spark Connect passes run as DataFrame jobs
 (:mod:`sparkdl.runners.connect_dataframe`), fits with the same ``exchange_dir``. The iterations of a
 pass: :mod:`sparkdl.engine.pass_loop`; each fit's view of the pass's runner and data:
 :mod:`sparkdl.runners.fit_view`.
@@ -49,7 +50,7 @@ from .pass_loop import PassLoop
 from .pass_memory import (Budget, Footprint, budgets, closure_budget, describe, footprint,
                           plan_passes)
 
-__all__ = ["FitSet", "SharedRunner", "pass_key", "pass_refusal"]
+__all__ = ["FitSet", "SharedRunner", "pass_key"]
 
 log = logging.getLogger("sparkdl")
 
@@ -61,15 +62,6 @@ def pass_key(fit: Any, layout: ParamLayout) -> tuple[Any, ...]:
     return (id(fit.training_rdd), layout.data_dtype.str, layout.numpy_dtype.str,
             tuple(fit.sequence_inputs), options.allreduce, options.num_blocks, options.device,
             fit.exchange_dir)
-
-
-def pass_refusal(fit: Any, layout: ParamLayout) -> str | None:
-    """Why ``fit`` cannot share a pass with other fits (None: it can)."""
-    if fit.settings.runner_options.compression is not None:
-        return f"compression={fit.settings.runner_options.compression!r}"
-    if layout.tables:
-        return "embedding tables sent as rows (sparse=True)"
-    return None
 
 
 class SharedRunner:
@@ -158,19 +150,12 @@ class FitSet:
         the memory Spark's settings give it (:mod:`sparkdl.engine.pass_memory`; a fit that
         alone exceeds a hard bound is refused here, before any job)."""
         groups: dict[tuple[Any, ...], list[int]] = {}
-        alone: list[list[int]] = []
         footprints: dict[int, Footprint] = {}
         for k, fit in enumerate(self.fits):
             layout = ParamLayout(fit.model)
             footprints[k] = footprint(fit, layout)
-            reason = pass_refusal(fit, layout)
-            if reason is not None and len(self.fits) > 1:
-                log.info("fit %d trains in a pass of its own: %s cannot share a pass yet", k,
-                         reason)
-                alone.append([k])
-                continue
             groups.setdefault(pass_key(fit, layout), []).append(k)
-        ordered = sorted(list(groups.values()) + alone, key=lambda g: g[0])
+        ordered = sorted(groups.values(), key=lambda g: g[0])
         if len(ordered) > 1:
             log.info("%d fits train in %d passes: %s (fits of one pass share the training data "
                      "object, parameter dtype, sequence inputs, allreduce, num_blocks and "

@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -114,7 +115,10 @@ class PassReport:
     finished_at: float = 0.0
     full_read: bool = False
     fatal: tuple[str, str] | None = None
-    table_rows: None = None
+    table_rows: dict[tuple[int, int], Any] | None = None
+    """Every fit's embedding tables' rows, keyed ``(fit, parameter)`` (taken out of the fits'
+    reports: the shuffle sums them by block like a single fit's,
+    :func:`sparkdl.transport.pass_results.split_pass_result` gives each fit its own)."""
 
 
 @dataclass
@@ -141,8 +145,11 @@ class PassGradientTask:
         """Every fit's step on ``shard`` (None: not here, reported as a missing shard by each
         fit that has rows here)."""
         results = [fit.compute(partition, shard) for fit in self.fits]
-        reports = [report for _, report in results]
-        report = PassReport(partition, reports, attempt=_attempt(),
+        rows = {(k, p): values for k, (_, r) in enumerate(results)
+                for p, values in (r.table_rows or {}).items()}
+        reports = [dataclasses.replace(r, table_rows=None) if r.table_rows else r
+                   for _, r in results]
+        report = PassReport(partition, reports, attempt=_attempt(), table_rows=rows or None,
                             missing_shard=any(r.missing_shard for r in reports),
                             started_at=min((r.started_at for r in reports), default=0.0),
                             finished_at=max((r.finished_at for r in reports), default=0.0),

@@ -61,7 +61,7 @@ from ..metrics import ValidationMetric
 from ..storage.arrow_files import ArrowFiles
 from ..transport.allreduce import (AllReduceResult, DriverAllReduce, block_bounds,
                                   choose_allreduce, reported_absent, sum_in_order)
-from ..transport.codecs import make_codec
+from ..transport.codecs import make_codec, make_pass_codec
 from ..executor.live_runs import live_runs, new_key, release_key
 from ..executor.exchange import Exchange, Payload, check_exchange
 from ..transport.flat_layout import ParamLayout
@@ -246,7 +246,7 @@ class ConnectDataFrameRunner:
                 train: ConnectData) -> tuple[int, str]:
         """Ship one more fit's model (its own replicas' key); returns its number and how its
         vectors are summed alone. The fits of one runner share ``options`` (the first fit's
-        are kept)."""
+        are kept) but ``compression``, which is each fit's own."""
         from pyspark import cloudpickle
 
         check_exchange(layout.state_bytes, self.exchange_dir)
@@ -427,12 +427,14 @@ class ConnectDataFrameRunner:
     def _pass_summing(self, numbers: list[int], sizes: list[int], data: ConnectData
                       ) -> _Summing:
         """How these fits' vectors, one after another, are summed (kept while the set of fits
-        stays the same); exact: fits with compression train alone."""
+        stays the same), each fit's part through its own codec."""
         key = tuple(numbers)
         if key not in self._passes:
             dtype = self._fits[numbers[0]].summing.dtype
+            codec = make_pass_codec([self._fits[n].summing.codec for n in numbers], sizes,
+                                    dtype)
             self._passes = {key: _Summing.of(sum(sizes), dtype, self._options,
-                                             data.num_partitions, make_codec(None, dtype, 0))}
+                                             data.num_partitions, codec)}
         return self._passes[key]
 
     def _complete(self, result: AllReduceResult, filled: dict[int, Any], s: _Summing

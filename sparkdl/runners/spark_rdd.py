@@ -40,7 +40,8 @@ from ..metrics import ValidationMetric
 from ..errors import InvalidArgumentError
 from ..transport.allreduce import (AllReduceResult, make_allreduce, make_pass_allreduce,
                                   with_resources)
-from ..transport.pass_results import split_pass_result
+from ..transport.codecs import make_pass_codec
+from ..transport.pass_results import pass_table_rows, split_pass_result
 from ..transport.flat_layout import ParamLayout
 from ..transport.broadcast_bundle import BroadcastBundle
 from ..transport.python_jobs import PythonJobs
@@ -142,7 +143,8 @@ class SparkRddRunner:
                 train: CachedData) -> tuple[int, str]:
         """Ship one more fit's model to the tasks (its own replicas' key, spec broadcast and
         weight refresh); returns its number and how its vectors are summed alone. The fits of
-        one runner share ``options`` (the first fit's are kept)."""
+        one runner share ``options`` (the first fit's are kept) but ``compression``, which is
+        each fit's own."""
         from pyspark import cloudpickle
 
         if not self._fits:
@@ -224,9 +226,13 @@ class SparkRddRunner:
         key = tuple(numbers)
         if key not in self._passes:
             options = self._options
-            dtype = self._fits[numbers[0]].layout.numpy_dtype
+            fits = [self._fits[number] for number in numbers]
+            layouts = [fit.layout for fit in fits]
+            dtype = layouts[0].numpy_dtype
+            codec = make_pass_codec([fit.allreduce.codec for fit in fits], sizes, dtype)
             self._passes = {key: make_pass_allreduce(sum(sizes), dtype, options.allreduce,
-                                                     data.num_partitions, options.num_blocks)}
+                                                     data.num_partitions, options.num_blocks,
+                                                     codec, pass_table_rows(layouts))}
         return self._passes[key]
 
     def evaluate(self, data: CachedData, weights: np.ndarray,

@@ -180,11 +180,12 @@ class ShuffleAllReduce:
         dtype: their numpy dtype.
         num_blocks: number of blocks, i.e. of reduce partitions.
         codec: how blocks travel (:mod:`sparkdl.transport.codecs`); default exact.
-        table_rows: the number of rows of each embedding table, by parameter index.
+        table_rows: the number of rows of each embedding table, by parameter index (a pass's:
+            by ``(fit, parameter)``).
     """
 
     def __init__(self, size: int, dtype: np.dtype, num_blocks: int, codec: Any = None,
-                 table_rows: dict[int, int] | None = None) -> None:
+                 table_rows: dict[Any, int] | None = None) -> None:
         self.size = int(size)
         self.dtype = np.dtype(dtype)
         self.bounds = block_bounds(size, num_blocks)
@@ -405,15 +406,20 @@ def reported_absent(reports: Iterable[Any]) -> dict[int, Any]:
 
 
 def make_pass_allreduce(size: int, dtype: np.dtype, path: str, num_partitions: int,
-                        num_blocks: int | None = None) -> "ShuffleAllReduce | DriverAllReduce":
-    """The exact AllReduce of a pass's vectors: every fit's vector, one after another, ``size``
-    values of ``dtype`` in all (:mod:`sparkdl.engine.fit_set`)."""
+                        num_blocks: int | None = None, codec: Any = None,
+                        table_rows: dict[Any, int] | None = None
+                        ) -> "ShuffleAllReduce | DriverAllReduce":
+    """The AllReduce of a pass's vectors: every fit's vector, one after another, ``size``
+    values of ``dtype`` in all (:mod:`sparkdl.engine.fit_set`), through ``codec``
+    (:func:`sparkdl.transport.codecs.make_pass_codec`; default exact), every fit's embedding
+    tables' rows (``table_rows``: their row counts by ``(fit, parameter)``) summed by block on
+    the shuffle path."""
     dtype = np.dtype(dtype)
     if path == "auto":
         path = choose_allreduce(size * dtype.itemsize, num_partitions)
     if path == "driver":
-        return DriverAllReduce(size, dtype)
-    return ShuffleAllReduce(size, dtype, num_blocks or num_partitions)
+        return DriverAllReduce(size, dtype, codec)
+    return ShuffleAllReduce(size, dtype, num_blocks or num_partitions, codec, table_rows)
 
 
 def make_allreduce(layout: ParamLayout, path: str, num_partitions: int,

@@ -9,17 +9,19 @@ Sums are always formed in the vector's own dtype.
 
 Example::
 
-    codec = Bf16Codec(exact_from=layout.num_param_values)
+    codec = Bf16Codec(np.float32, exact_from=layout.num_param_values)
     payload = codec.encode(vector[lo:hi], lo)
     codec.decode(payload, lo, hi - lo)          # float32 again, gradients rounded
 """
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 import numpy as np
 import torch
 
-__all__ = ["ExactCodec", "Bf16Codec", "make_codec", "COMPRESSIONS"]
+__all__ = ["ExactCodec", "Bf16Codec", "make_codec", "make_pass_codec", "COMPRESSIONS"]
 
 COMPRESSIONS = (None, "bf16")
 
@@ -40,28 +42,52 @@ class ExactCodec:
 
 
 class Bf16Codec:
-    """Gradient values (index < ``exact_from``) as bfloat16, the rest exact."""
+    """The values in the ``rounded`` ranges (a fit's gradient values: indices below
+    ``exact_from``; a pass's: each bf16 fit's gradient range) as bfloat16, the rest exact."""
 
     name = "bf16"
 
-    def __init__(self, dtype: np.dtype, exact_from: int) -> None:
+    def __init__(self, dtype: np.dtype, exact_from: int | None = None,
+                 rounded: Sequence[tuple[int, int]] = ()) -> None:
         self.dtype = np.dtype(dtype)
-        self.exact_from = int(exact_from)
+        spans = list(rounded) + ([(0, int(exact_from))] if exact_from is not None else [])
+        self.rounded = tuple(sorted((int(a), int(b)) for a, b in spans if b > a))
 
-    def _rounded(self, lo: int, length: int) -> int:
-        return int(min(max(self.exact_from - lo, 0), length))
+    def _pieces(self, lo: int, length: int) -> list[tuple[int, int, bool]]:
+        """``[lo, lo + length)`` as ``(start, stop, rounded)`` pieces relative to ``lo``."""
+        out, at = [], 0
+        for a, b in self.rounded:
+            a, b = max(a - lo, at), min(b - lo, length)
+            if b <= a:
+                continue
+            if a > at:
+                out.append((at, a, False))
+            out.append((a, b, True))
+            at = b
+        if at < length:
+            out.append((at, length, False))
+        return out
 
     def encode(self, values: np.ndarray, lo: int) -> bytes:
-        n = self._rounded(lo, len(values))
-        half = torch.from_numpy(np.ascontiguousarray(values[:n])).to(torch.bfloat16)
-        return half.view(torch.int16).numpy().tobytes() + values[n:].tobytes()
+        parts = []
+        for a, b, rounded in self._pieces(lo, len(values)):
+            piece = np.ascontiguousarray(values[a:b], dtype=self.dtype)
+            parts.append(torch.from_numpy(piece).to(torch.bfloat16).view(torch.int16).numpy()
+                         .tobytes() if rounded else piece.tobytes())
+        return b"".join(parts)
 
     def decode(self, payload: bytes, lo: int, length: int) -> np.ndarray:
-        n = self._rounded(lo, length)
-        half = torch.from_numpy(np.frombuffer(payload, dtype=np.int16, count=n).copy())
         out = np.empty(length, dtype=self.dtype)
-        out[:n] = half.view(torch.bfloat16).to(torch.float32).numpy()
-        out[n:] = np.frombuffer(payload, dtype=self.dtype, offset=2 * n, count=length - n)
+        offset = 0
+        for a, b, rounded in self._pieces(lo, length):
+            if rounded:
+                half = torch.from_numpy(np.frombuffer(payload, dtype=np.int16, count=b - a,
+                                                      offset=offset).copy())
+                out[a:b] = half.view(torch.bfloat16).to(torch.float32).numpy()
+                offset += 2 * (b - a)
+            else:
+                out[a:b] = np.frombuffer(payload, dtype=self.dtype, count=b - a, offset=offset)
+                offset += (b - a) * self.dtype.itemsize
         return out
 
 
@@ -70,3 +96,15 @@ def make_codec(compression: str | None, dtype: np.dtype, exact_from: int) -> "Ex
     if compression == "bf16":
         return Bf16Codec(dtype, exact_from)
     return ExactCodec(dtype)
+
+
+def make_pass_codec(codecs: Sequence[Any], sizes: Sequence[int], dtype: np.dtype
+                    ) -> "ExactCodec | Bf16Codec":
+    """The codec of a pass's vector (:mod:`sparkdl.engine.fit_set`): each fit's vector, one
+    after another (``sizes``), travels as that fit's own codec (``codecs``) sends it, so every
+    fit sums bitwise as alone."""
+    rounded, at = [], 0
+    for codec, size in zip(codecs, sizes):
+        rounded.extend((at + a, at + b) for a, b in getattr(codec, "rounded", ()))
+        at += int(size)
+    return Bf16Codec(dtype, rounded=rounded) if rounded else ExactCodec(dtype)
