@@ -161,3 +161,43 @@ def test_a_pass_task_collects_once_for_all_the_replicas_it_makes(monkeypatch):
         assert collections == [1, 1]
     finally:
         gc.unfreeze()
+
+
+class _ThreadsSeen(torch.optim.LBFGS):
+    """LBFGS that records torch's thread count during each step."""
+
+    seen: list[int] = []
+
+    def step(self, closure):
+        _ThreadsSeen.seen.append(torch.get_num_threads())
+        return super().step(closure)
+
+
+def test_the_drivers_update_is_the_same_bits_whatever_its_thread_count():
+    """The update runs on one thread (sparkdl.engine.update_threads): an LBFGS fit of a 1.5 M
+    value model, whose dot products torch splits by thread, ends bitwise the same whether the
+    driver has two threads or one (a run resumed on a driver with other cores), and the
+    driver's thread count is what it was after the fit."""
+    from sparkdl.runners import LocalPartitions
+
+    x, y = classification_data(64, seed=2)
+    data = LocalPartitions([list(zip(x[:40], y[:40])), list(zip(x[40:], y[40:]))])
+    before = torch.get_num_threads()
+    trained = []
+    try:
+        for threads in (2, 1):
+            torch.set_num_threads(threads)
+            torch.manual_seed(3)
+            net = torch.nn.Sequential(torch.nn.Linear(6, 1500), torch.nn.Tanh(),
+                                      torch.nn.Linear(1500, 1000), torch.nn.Tanh(),
+                                      torch.nn.Linear(1000, 3))
+            DistriOptimizer(net, data, torch.nn.CrossEntropyLoss(),
+                            _ThreadsSeen(net.parameters(), lr=0.5, max_iter=4),
+                            batch_size=64, end_trigger=MaxIteration(2), seed=0,
+                            progress_bar=False).optimize()
+            assert torch.get_num_threads() == threads
+            trained.append(net)
+    finally:
+        torch.set_num_threads(before)
+    assert bitwise_equal(*trained)
+    assert _ThreadsSeen.seen == [1] * 4

@@ -44,6 +44,7 @@ from .progress import ProgressReporter
 from .recovery import run_with_recovery
 from .run_context import RunContext
 from .summary import IterationRecord
+from .update_threads import one_update_thread
 
 __all__ = ["TrainingLoop"]
 
@@ -202,12 +203,13 @@ class TrainingLoop:
         if ctx.loss_scaler is None:
             self._stop_if_not_finite(loss, result.vector, result.rows)
         local_before = self._row_local()
-        self._update(spec, state_vector, result)
         epoch_finished = step == per_epoch - 1
         scheduler_due = ctx.lr_scheduler is not None and (
             ctx.settings.lr_scheduler_step == "iteration" or epoch_finished)
-        if scheduler_due and not self._metric_scheduler:
-            ctx.lr_scheduler.step()
+        with one_update_thread():    # the same bits on any driver (update_threads)
+            self._update(spec, state_vector, result)
+            if scheduler_due and not self._metric_scheduler:
+                ctx.lr_scheduler.step()
         weights = self._refreshed(result, local_before)
         self._next_weights = weights
         state_vector = weights.state
