@@ -17,8 +17,9 @@ Runners:
 Every runner trains every setting on the same union batches (sparkdl's BatchPlan) from the same
 initial weights, so the final losses agree across runners (printed beside the times). For the
 pass it also prints, per iteration: the wall time, the slowest task's compute (all models), each
-model's share of it, the bare Spark floor (an empty two-stage job, timed in the same session)
-and the bytes the AllReduce and the broadcasts move.
+model's share of it, the bare Spark floor (an empty two-stage job, timed in the same session),
+the bytes the AllReduce and the broadcasts move, and the exchange floor: those bytes moved by
+sparkdl's broadcast and driver AllReduce without any compute (timed in the same session).
 """
 
 from __future__ import annotations
@@ -96,6 +97,45 @@ def _fits(workload: Any, rdd: Any, grid: list[tuple[float, float]], epochs: int)
     return fits
 
 
+class _VectorBack:
+    """An exchange-floor task: reads the weights' broadcast (as a pass's task does), computes
+    nothing, returns a vector of the pass's length (as a pass's task returns its fits')."""
+
+    def __init__(self, weights: Any, values: int) -> None:
+        self.weights, self.values = weights, values
+
+    def __call__(self, partition: int, summary: Any) -> tuple[np.ndarray, Any]:
+        from sparkdl.executor.step import TaskReport
+
+        assert self.weights.value.size == self.values
+        return np.zeros(self.values, dtype=np.float32), TaskReport(partition=partition)
+
+
+def exchange_floor(sc: Any, values: int, repeats: int = 10) -> float:
+    """Median seconds of what a pass's iteration moves, through sparkdl's own transport,
+    without its compute: ``values`` float32 weights broadcast and read by every task, and every
+    task's vector of ``values`` summed by the driver AllReduce, over ``PARTITIONS``
+    partitions."""
+    from sparkdl.transport.allreduce import DriverAllReduce
+    from sparkdl.transport.python_jobs import PythonJobs
+
+    rdd = sc.parallelize(range(PARTITIONS), PARTITIONS).cache()
+    rdd.count()
+    allreduce = DriverAllReduce(values, np.float32)
+    jobs = PythonJobs.of(sc)
+    payload = np.zeros(values, dtype=np.float32)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        bc = jobs.broadcast(payload)
+        result = allreduce.run(rdd, _VectorBack(bc, values))
+        times.append(time.perf_counter() - t0)
+        assert result.vector is not None and result.vector.size == values
+        bc.destroy()
+    rdd.unpersist()
+    return statistics.median(times)
+
+
 def run_sparkdl(workload: Any, grid: list[tuple[float, float]], epochs: int,
                 together: bool) -> dict[str, Any]:
     from sparkdl import FitSet
@@ -118,6 +158,10 @@ def run_sparkdl(workload: Any, grid: list[tuple[float, float]], epochs: int,
         for fit in fits:
             fit.optimize()
     out["final_losses"] = [f.summary.iterations[-1].loss for f in fits]
+    if together:          # after the pass, on the JVM and workers it warmed (not timed either)
+        t0 = time.perf_counter()
+        out["exchange_s"] = exchange_floor(sc, values)
+        out["not_timed_s"] += time.perf_counter() - t0
     if together:
         records = fits[0].summary.iterations
         out["iteration_s"] = statistics.median(r.wall_s for r in records)
@@ -273,7 +317,9 @@ def main() -> None:
               f"of the iteration); Spark's floor (an empty two-stage job) "
               f"{1e3 * together['floor_s']:.1f} ms; AllReduce "
               f"{together['allreduce_bytes'] / 2**20:.1f} MiB in, broadcasts "
-              f"{together['broadcast_bytes'] / 2**20:.1f} MiB out")
+              f"{together['broadcast_bytes'] / 2**20:.1f} MiB out; the same bytes moved "
+              f"without compute (sparkdl's broadcast read by every task and driver "
+              f"AllReduce) {1e3 * together['exchange_s']:.1f} ms")
 
 
 if __name__ == "__main__":
