@@ -317,3 +317,66 @@ def test_summed_gradients_become_views_of_the_vector_and_a_step_matches_torch():
     frozen.flags.writeable = False
     layout.set_grads(net, frozen, present)
     assert not np.shares_memory(next(net.parameters()).grad.numpy(), frozen)
+
+
+def test_a_pass_under_connect_sends_each_fits_table_rows_once_and_splits_them_by_fit():
+    """Spark Connect's shuffle with a pass's reports, without Spark: block 0 carries each
+    partition's embedding rows (keyed by fit and parameter), the other blocks' reducers get the
+    report without them (they read only the absent ranges); the client's result splits into
+    each fit's own rows, summed in partition order as the fit's own job would."""
+    import pickle
+
+    import pyarrow as pa
+
+    from sparkdl.executor.arrow_tasks import ArrowGradientMap, ArrowReduce, read_rows
+    from sparkdl.executor.step import TaskReport
+    from sparkdl.executor.tasks import PassReport
+    from sparkdl.runners.connect_dataframe import ConnectDataFrameRunner, _Summing
+    from sparkdl.transport.allreduce import DriverAllReduce, block_bounds
+    from sparkdl.transport.codecs import ExactCodec
+    from sparkdl.transport.pass_results import split_pass_result
+    from sparkdl.transport.table_rows import gather_rows
+
+    f32 = np.dtype(np.float32)
+    sizes, n = [6, 4], 3
+    size, bounds, codec = sum(sizes), block_bounds(sum(sizes), 3), ExactCodec(f32)
+    vectors = _vectors(n, size)
+
+    def rows(p):
+        return {(0, 1): (np.array([p, 5]), np.full((2, 2), p + 0.25, np.float32)),
+                (1, 0): (np.array([2]), np.full((1, 2), -p - 0.5, np.float32))}
+
+    def task(partition, _):
+        absent = ((6, 10),) if partition == 1 else ()     # fit 1 took no rows here
+        table_rows = rows(partition)
+        if absent:
+            del table_rows[(1, 0)]
+        return vectors[partition], PassReport(partition, [TaskReport(partition=partition)] * 2,
+                                              absent=absent, table_rows=table_rows)
+
+    mapped = [r for p in range(n) for r in read_rows(ArrowGradientMap(task, bounds, codec)(
+        [pa.RecordBatch.from_pydict({"partition": [p]})]))]
+    heads = [(r["k"], pickle.loads(r["report"])) for r in mapped if r["report"] is not None]
+    assert sorted(h.partition for k, h in heads if h.table_rows) == [0, 1, 2]
+    assert all(k == 0 for k, h in heads if h.table_rows)
+    assert [(k, h.absent) for k, h in heads if k > 0] == [(1, ((6, 10),)), (2, ((6, 10),))]
+    by_block: dict = {}
+    for r in mapped:
+        by_block.setdefault(r["k"], []).append(r)
+    reduced = pa.Table.from_batches([b for k in sorted(by_block) for b in ArrowReduce(
+        bounds, codec)([pa.RecordBatch.from_pylist(by_block[k])])])
+    summing = _Summing(size, f32, False, bounds, codec, DriverAllReduce(size, f32, codec))
+    result = ConnectDataFrameRunner(spark=None)._shuffle_result(reduced, 0.0, summing)
+    first, second = split_pass_result(result, sizes)
+    assert first.rows is None and second.rows is None     # the driver sums them, per fit
+    mine = gather_rows(first.reports, f32)
+    assert list(mine) == [1]
+    assert np.array_equal(mine[1][0], [0, 1, 2, 5])
+    expected = np.float32(0.25) + np.float32(1.25) + np.float32(2.25)   # row 5: 0, 1, 2
+    assert mine[1][1][3].tolist() == [expected] * 2
+    theirs = gather_rows(second.reports, f32)
+    assert np.array_equal(theirs[0][0], [2])
+    assert theirs[0][1].tolist() == [[np.float32(-0.5) + np.float32(-2.5)] * 2]
+    expected_vector = vectors[0] + vectors[1] + vectors[2]
+    assert np.array_equal(first.vector, expected_vector[:6])
+    assert np.array_equal(second.vector, vectors[0][6:] + vectors[2][6:])
