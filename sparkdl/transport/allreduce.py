@@ -77,8 +77,9 @@ class AllReduceResult:
     reduce_started_at: float = 0.0
     reduce_finished_at: float = 0.0
     returned_at: float = 0.0
-    rows: dict[int, Any] | None = None
-    """The embedding tables' summed gradient rows by parameter index
+    rows: dict[Any, Any] | None = None
+    """The embedding tables' summed gradient rows by parameter index (a pass's: by
+    ``(fit, parameter)`` until :func:`sparkdl.transport.pass_results.split_pass_result`)
     (:mod:`sparkdl.transport.table_rows`), where the AllReduce summed them (the shuffle's
     blocks); else the driver sums the reports'."""
     pending: list[tuple[int, Any]] | None = field(default=None, repr=False)
@@ -236,7 +237,7 @@ class ShuffleAllReduce:
             self._shuffled.jobs.map_partitions(self._shuffled, reduce_side),
             lambda head: vector[bounds[head[0]]:bounds[head[0] + 1]], self._jobs.call_site)
         result = AllReduceResult(vector, submitted_at=submitted_at, returned_at=time.time())
-        block_rows: dict[int, dict[int, Rows]] = {}
+        block_rows: dict[int, dict[Any, Rows]] = {}
         for (k, block_reports, seconds, started, finished, row_sums), payload in messages:
             block_rows[k] = row_sums
             result.reports.extend(block_reports)
@@ -263,7 +264,7 @@ class ShuffleMapSide:
     bounds: np.ndarray
     num_blocks: int
     codec: Any
-    row_bounds: dict[int, np.ndarray]
+    row_bounds: dict[Any, np.ndarray]     # by parameter, or a pass's (fit, parameter)
 
     def __call__(self, partition: int, records: Iterator[Any]) -> Iterator[Any]:
         summaries = list(records)
@@ -288,7 +289,7 @@ class ShuffleReduceSide:
     filled: Any
     bounds: np.ndarray
     codec: Any
-    row_bounds: dict[int, np.ndarray]
+    row_bounds: dict[Any, np.ndarray]
     num_blocks: int
     dtype: np.dtype
 
@@ -334,8 +335,8 @@ class DriverMapSide:
                                   self.codec.encode(vector, 0))
 
 
-def _rows_by_block(report: Any, row_bounds: dict[int, np.ndarray], num_blocks: int
-                   ) -> tuple[Any, list[dict[int, Rows] | None]]:
+def _rows_by_block(report: Any, row_bounds: dict[Any, np.ndarray], num_blocks: int
+                   ) -> tuple[Any, list[dict[Any, Rows] | None]]:
     """The report without its tables' rows, and those rows cut into the blocks' id ranges (one
     dict by parameter per block; None per block when there are none)."""
     rows = getattr(report, "table_rows", None)
@@ -346,8 +347,8 @@ def _rows_by_block(report: Any, row_bounds: dict[int, np.ndarray], num_blocks: i
     return report, [{p: parts[k] for p, parts in cut.items()} for k in range(num_blocks)]
 
 
-def _sum_row_parts(row_parts: list[tuple[int, dict[int, Rows] | None]],
-                   row_bounds: dict[int, np.ndarray], dtype: np.dtype) -> dict[int, Rows]:
+def _sum_row_parts(row_parts: list[tuple[int, dict[Any, Rows] | None]],
+                   row_bounds: dict[Any, np.ndarray], dtype: np.dtype) -> dict[Any, Rows]:
     """One block's rows of every table, summed over partitions in partition order."""
     ordered = [rows for _, rows in sorted(row_parts, key=lambda pr: pr[0]) if rows]
     return {p: sum_rows([rows.get(p) for rows in ordered], dtype) for p in row_bounds
