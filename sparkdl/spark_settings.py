@@ -34,12 +34,13 @@ Example::
 
 from __future__ import annotations
 
+import math
 import os
 import sys
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 __all__ = ["RECOMMENDED_CONF", "LOCAL_JAVA_OPTIONS", "recommended_conf", "is_local_master",
-           "spark_setting", "spark_session"]
+           "speculation_never_fires", "spark_setting", "spark_session"]
 
 RECOMMENDED_CONF: dict[str, str] = {
     "spark.python.unix.domain.socket.enabled": "true",
@@ -64,6 +65,43 @@ def is_local_master(master: str) -> bool:
     """True for ``local``, ``local[N]``, ``local[*]`` and ``local[N,F]`` (one JVM that runs the
     tasks too), not ``local-cluster[...]``."""
     return master == "local" or master.startswith("local[")
+
+
+def speculation_never_fires(setting: Callable[[str], str], master: str,
+                            num_partitions: int) -> str | None:
+    """Why Spark's speculation, turned on (``spark.speculation=true``), can never start a copy
+    of a training task here (None: it can, or it is off). ``setting(key)``: the value, or "".
+
+    Spark's rules (TaskSetManager, 3.5 and 4.x): a local master never speculates; a copy never
+    starts on a host where the task already ran, and a ``local-cluster`` master's executors all
+    share one host; a stage waits for ``floor(spark.speculation.quantile * tasks)`` finished
+    tasks (at least one), so a quantile of 1 or more never gets there, nor a stage of one
+    task, unless ``spark.speculation.task.duration.threshold`` is set.
+
+    Example: ``speculation_never_fires(lambda k: conf.get(k, ""), "local[2]", 4)``"""
+    if setting("spark.speculation").strip().lower() != "true":
+        return None
+    if is_local_master(master):
+        return (f"the master is {master}: Spark never speculates in local mode (one JVM runs "
+                "every task)")
+    if master.startswith("local-cluster"):
+        return (f"the master is {master}: its executors share one host, and Spark never starts "
+                "a copy of a task on a host where it already ran")
+    if setting("spark.speculation.task.duration.threshold").strip():
+        return None
+    if num_partitions <= 1:
+        return ("the training data has one partition: Spark speculates in a stage only after "
+                "some of its tasks finished (or with spark.speculation.task.duration.threshold)")
+    quantile = setting("spark.speculation.quantile").strip()
+    try:
+        never = bool(quantile) and math.floor(float(quantile) * num_partitions) >= num_partitions
+    except ValueError:
+        return None
+    if never:
+        return (f"spark.speculation.quantile={quantile}: a stage of {num_partitions} tasks "
+                "would have to finish all of them before a copy could start; a quantile below 1 "
+                "leaves room for a copy")
+    return None
 
 
 def recommended_conf(master: str, given: set[str], starts_jvm: bool) -> dict[str, str]:

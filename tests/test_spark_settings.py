@@ -59,3 +59,32 @@ def test_a_local_session_starts_its_jvm_with_the_options_and_the_users_own():
     # the user's other settings (here the driver's memory) reach the same JVM
     arguments = _jvm_arguments({"spark.driver.memory": "700m"})
     assert LOCAL_JAVA_OPTIONS in arguments and "-Xmx700m" in arguments
+
+
+def test_speculation_that_can_never_start_a_copy_is_named():
+    """Spark's rules (3.5 and 4.x): no speculation on a local master, no copy on a host where
+    the task ran (local-cluster: one host), a stage waits for floor(quantile * tasks) finished
+    tasks (a quantile of 1 never gets there), a one-task stage only with the duration
+    threshold."""
+    from sparkdl.spark_settings import speculation_never_fires
+
+    def why(master, partitions, **conf):
+        settings = {"spark.speculation": "true", **{k.replace("_", "."): v
+                                                    for k, v in conf.items()}}
+        return speculation_never_fires(lambda key: settings.get(key, ""), master, partitions)
+
+    assert speculation_never_fires(lambda key: "", "local[2]", 4) is None          # off
+    assert speculation_never_fires(lambda key: {"spark.speculation": "false"}.get(key, ""),
+                                   "local-cluster[2,1,1024]", 4) is None
+    assert "local mode" in why("local[2]", 4)
+    assert "local mode" in why("local[4,3]", 4)
+    assert "share one host" in why("local-cluster[2,1,1024]", 4)
+    for master in ("spark://a:7077", "yarn", "k8s://h:443"):
+        assert why(master, 2) is None                              # Spark's defaults
+        assert why(master, 2, spark_speculation_quantile="0.9") is None   # floor(1.8) = 1
+        assert "quantile=1.0: a stage of 2 tasks" in why(
+            master, 2, spark_speculation_quantile="1.0")
+        assert why(master, 2, spark_speculation_quantile="1.0",
+                   spark_speculation_task_duration_threshold="2s") is None
+        assert "one partition" in why(master, 1)
+        assert why(master, 1, spark_speculation_task_duration_threshold="2s") is None

@@ -87,3 +87,33 @@ def test_a_speculative_copy_fills_the_shard_and_gives_the_clean_weights(sc, tmp_
     assert misses >= 1, f"no speculative copy ran where the shard was not\n{stdout}"
     clean, _ = cluster_job.train(sc, sizes=SIZES)
     assert bitwise_equal(model, clean)
+
+
+def test_speculation_that_can_never_fire_is_warned_about_once_per_fit(sc, caplog):
+    """spark.speculation=true on a local master: the fit says, once, that no copy of a slow
+    training task can start and why (sparkdl.spark_settings.speculation_never_fires)."""
+    from models import classification_data, make_rdd
+    from sparkdl import DistriOptimizer
+    from sparkdl.triggers import MaxIteration
+
+    conf = sc._jsc.sc().conf()         # the running configuration: what the runner reads
+    x, y = classification_data(40, seed=1)
+    rdd = make_rdd(sc, list(zip(x, y)), [20, 20])
+    warned = []
+    for speculation in ("true", None):
+        if speculation:
+            conf.set("spark.speculation", speculation)
+        try:
+            torch.manual_seed(0)
+            net = SmallNet()
+            caplog.clear()
+            with caplog.at_level("WARNING", logger="sparkdl"):
+                DistriOptimizer(net, rdd, torch.nn.CrossEntropyLoss(),
+                                torch.optim.SGD(net.parameters(), lr=0.1), batch_size=8,
+                                end_trigger=MaxIteration(1), progress_bar=False).optimize()
+            warned.append([r.getMessage() for r in caplog.records
+                           if "spark.speculation is true" in r.getMessage()])
+        finally:
+            conf.remove("spark.speculation")
+    assert len(warned[0]) == 1 and "Spark never speculates in local mode" in warned[0][0]
+    assert warned[1] == []

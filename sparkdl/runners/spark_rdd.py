@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..executor.live_runs import live_runs, new_key, release_key
-from ..spark_settings import spark_setting
+from ..spark_settings import spark_setting, speculation_never_fires
 from .cached_rdd import (CachedData, clean_workers, lost_data_reason, memory_kill_reason,
                          shard_place)
 from .held_data import complete_misses, not_found
@@ -61,6 +61,7 @@ class SparkRddRunner:
         self._fits: dict[int, _Fit] = {}
         self._passes: dict[tuple[int, ...], Any] = {}
         self._default: int | None = None
+        self._speculation_checked = False
         self._options = RunnerOptions()
         self._resources: Any = None
         self._broadcast: Any = None
@@ -130,6 +131,13 @@ class SparkRddRunner:
         cached = CachedData(data, float_dtype, name, place, ragged)
         self._held.append(cached)
         cached.build()
+        if name == "training" and not self._speculation_checked:
+            self._speculation_checked = True
+            why = speculation_never_fires(lambda k: spark_setting(self.spark_context, k),
+                                          self.spark_context.master, cached.num_partitions)
+            if why is not None:
+                log.warning("spark.speculation is true, but no copy of a slow training task "
+                            "can ever start: %s", why)
         return cached
 
     def start(self, spec: ReplicaSpec, layout: ParamLayout, options: RunnerOptions,
