@@ -553,10 +553,10 @@ def _pass_fit(rdd, setting: dict, allreduce: str) -> DistriOptimizer:
 
 
 TABLES_GRID = [
-    {"init": 2, "sparse": True, "opt": "sparse_adam", "batch": BATCH, "iterations": 12},
-    {"init": 3, "sparse": True, "opt": "adagrad", "batch": 32, "iterations": 9,
+    {"init": 2, "sparse": True, "opt": "sparse_adam", "batch": BATCH, "iterations": 7},
+    {"init": 3, "sparse": True, "opt": "adagrad", "batch": 32, "iterations": 5,
      "compression": "bf16"},
-    {"init": 4, "sparse": False, "opt": "sgd", "batch": 40, "iterations": 10}]
+    {"init": 4, "sparse": False, "opt": "sgd", "batch": 40, "iterations": 6}]
 
 
 def test_fits_with_tables_train_in_one_pass_each_bitwise_alone(data, verified_replicas, caplog):
@@ -594,9 +594,9 @@ def test_fits_with_tables_train_in_one_pass_each_bitwise_alone(data, verified_re
         assert travelled() == alone_travelled
         deltas = sorted(int(re.search(r"(\d+) row deltas", line).group(1))
                         for line in alone_travelled)
-        assert deltas[0] == 0 and deltas[1] >= 5, alone_travelled
+        assert deltas[0] == 0 and deltas[1] >= 3, alone_travelled
     torch.manual_seed(2)
     reference = reference_train(TwoTower(), x, y, nn.MSELoss(),
                                 lambda m: OptimizerSequence(tables_and_rest(m)),
-                                BatchPlan(SIZES, BATCH, SEED, True), 12)
+                                BatchPlan(SIZES, BATCH, SEED, True), 7)
     assert max_abs_diff(together[0].model, reference) <= 1e-5
