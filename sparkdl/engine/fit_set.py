@@ -22,8 +22,9 @@ Fits share a pass when they train on the same data object with the same data and
 dtypes, variable-length inputs, ``allreduce``, ``num_blocks`` and ``device``; the others train in
 passes of their own, and the log says why. Within a pass each fit keeps its own ``compression``
 (its part of the vector travels through its own codec) and its embedding tables' rows (summed
-per fit, by block on the shuffle path; each fit's weights refreshed by its own row deltas). Under Spark Connect passes run as DataFrame jobs
-(:mod:`sparkdl.runners.connect_dataframe`), fits with the same ``exchange_dir``. The iterations of a
+per fit, by block on the shuffle path; each fit's weights refreshed by its own row deltas).
+Under Spark Connect passes run as DataFrame jobs (:mod:`sparkdl.runners.connect_dataframe`),
+fits with the same ``exchange_dir``. The iterations of a
 pass: :mod:`sparkdl.engine.pass_loop`; each fit's view of the pass's runner and data:
 :mod:`sparkdl.runners.fit_view`.
 

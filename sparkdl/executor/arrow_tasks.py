@@ -145,14 +145,15 @@ class ArrowGradientMap:
             every = (bool(getattr(report, "missing_shard", False))
                      or bool(getattr(report, "absent", ())))
             # the other blocks' reducers read only that: the tables' rows go with block 0
-            other = (pickle.dumps(dataclasses.replace(report, table_rows=None), _PICKLE)
-                     if every and getattr(report, "table_rows", None) else head)
+            other = None if not every else (
+                pickle.dumps(dataclasses.replace(report, table_rows=None), _PICKLE)
+                if getattr(report, "table_rows", None) else head)
             for k in range(len(self.bounds) - 1):
                 lo, hi = int(self.bounds[k]), int(self.bounds[k + 1])
                 block = None if vector is None else self.codec.encode(vector[lo:hi], lo)
                 for seq, chunk in enumerate(chunks(block)):
-                    yield _row(_MAP, [k, partition, seq, (head if k == 0 else other) if seq == 0
-                                      and (k == 0 or every) else None, chunk])
+                    first = head if k == 0 else other
+                    yield _row(_MAP, [k, partition, seq, first if seq == 0 else None, chunk])
 
 
 def join_chunks(parts: list[tuple[int, Any]]) -> bytes | None:
