@@ -5,9 +5,13 @@ wall time from a fresh process to the last model, each way of tuning in a proces
     python bench/model_grid.py --grid G2 --runners together one-by-one trials
     python bench/model_grid.py --grid G1 --settings 4 --epochs 1     # a quick look
     python bench/model_grid.py --runners together --conf spark.task.maxDirectResultSize=64m
+    python bench/model_grid.py --runners hop trials torchdistributor --samples 327680 \
+        --conf spark.driver.memory=6g                # the large-data row (40x G1's samples)
 
 Runners:
   together          sparkdl's set of fits (sparkdl.FitSet): one pass, one job per iteration
+  hop               sparkdl's set of fits by model hopping (FitSet(strategy="hop")): whole
+                    models trained where the data sits, one job per sub-epoch
   one-by-one        sparkdl fitting the settings one after another (each its own data hold)
   trials            single-process trials as Spark tasks two at a time, the data in a broadcast
                     (the way Hyperopt's SparkTrials runs trials)
@@ -48,7 +52,9 @@ from sparkdl.data.batch_plan import BatchPlan  # noqa: E402
 GRIDS = {"G1": ("W1", 3), "G2": ("W2", 10)}
 LRS = (0.003, 0.01, 0.03, 0.1)
 WEIGHT_DECAYS = (0.0, 1e-5, 1e-4, 1e-3)
-RUNNERS = ("together", "one-by-one", "trials", "torchdistributor")
+RUNNERS = ("together", "hop", "one-by-one", "trials", "torchdistributor")
+SCALE = {"samples": SAMPLES}
+"""The number of samples of this run (``--samples``; G1 and G2 have SAMPLES)."""
 
 
 def settings(count: int) -> list[tuple[float, float]]:
@@ -56,7 +62,36 @@ def settings(count: int) -> list[tuple[float, float]]:
 
 
 def plan(batch: int) -> BatchPlan:
-    return BatchPlan([SAMPLES // PARTITIONS] * PARTITIONS, batch, SEED, True)
+    return BatchPlan([SCALE["samples"] // PARTITIONS] * PARTITIONS, batch, SEED, True)
+
+
+def _chunk(partition: int) -> tuple[np.ndarray, np.ndarray]:
+    return synthetic_data(SCALE["samples"] // PARTITIONS, seed=100 + partition)
+
+
+def bench_data() -> tuple[np.ndarray, np.ndarray]:
+    """The run's samples: G1/G2's, or for another ``--samples`` one chunk per partition
+    (what :func:`bench_rdd` generates in the executors), concatenated."""
+    if SCALE["samples"] == SAMPLES:
+        return synthetic_data()
+    chunks = [_chunk(p) for p in range(PARTITIONS)]
+    return (np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks]))
+
+
+def bench_rdd(sc: Any) -> Any:
+    """The run's samples as an RDD of ``PARTITIONS`` partitions: G1/G2's parallelized from the
+    driver, a larger run's generated where the data lives (each partition its chunk)."""
+    if SCALE["samples"] == SAMPLES:
+        x, y = synthetic_data()
+        return sc.parallelize(list(zip(x, y)), PARTITIONS)
+    samples = SCALE["samples"]
+
+    def rows(partition: int, _: Any) -> Any:
+        SCALE["samples"] = samples
+        x, y = _chunk(partition)
+        return iter(zip(x, y))
+
+    return sc.parallelize(range(PARTITIONS), PARTITIONS).mapPartitionsWithIndex(rows)
 
 
 def session() -> Any:
@@ -137,15 +172,16 @@ def exchange_floor(sc: Any, values: int, repeats: int = 10) -> float:
 
 
 def run_sparkdl(workload: Any, grid: list[tuple[float, float]], epochs: int,
-                together: bool) -> dict[str, Any]:
+                together: bool, hop: bool = False) -> dict[str, Any]:
     from sparkdl import FitSet
 
     spark = session()
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")
-    x, y = synthetic_data()
-    rdd = sc.parallelize(list(zip(x, y)), PARTITIONS)
+    rdd = bench_rdd(sc)
     fits = _fits(workload, rdd, grid, epochs)
+    if hop:
+        return _hop(spark, fits)
     out: dict[str, Any] = {}
     if together:          # the bare Spark floor, before the pass (not in the timed total)
         t0 = time.perf_counter()
@@ -172,6 +208,39 @@ def run_sparkdl(workload: Any, grid: list[tuple[float, float]], epochs: int,
     return out
 
 
+def _hop(spark: Any, fits: list[Any]) -> dict[str, Any]:
+    """The fits trained by model hopping, with what an epoch costs: its jobs, the bytes it
+    moves (every model and optimizer shipped in each sub-epoch's broadcast, their states
+    returned) and the tasks' compute as a share of the wall time of both cores."""
+    import pickle
+
+    from pyspark import cloudpickle
+
+    from sparkdl import FitSet
+    from sparkdl.executor.hop_task import HopBundle
+    from sparkdl.executor.replicas import ReplicaSpec
+
+    fit_set = FitSet(fits, strategy="hop")
+    t0 = time.perf_counter()
+    fit_set.run()
+    hop_s = time.perf_counter() - t0
+    out: dict[str, Any] = {"final_losses": [f.summary.iterations[-1].loss for f in fits]}
+    epochs = fits[0].iteration // PARTITIONS
+    shipped = len(cloudpickle.dumps(HopBundle(ReplicaSpec(fits[0].model, fits[0].criterion,
+                                                          "mean"), fits[0].optimizer)))
+    returned = len(pickle.dumps((fits[0].model.state_dict(), fits[0].optimizer.state_dict(),
+                                 None)))
+    out["hop_jobs_per_epoch"] = fit_set.jobs / epochs
+    # each job: every model's bundle in a broadcast every task's worker reads, states back
+    out["hop_bytes_per_epoch"] = (fit_set.jobs * len(fits) * (PARTITIONS * shipped + returned)
+                                  / epochs)
+    compute = sum(r.compute_s for f in fits for r in f.summary.iterations)
+    out["hop_compute_share"] = compute / (PARTITIONS * hop_s)
+    out["hop_s"] = hop_s
+    spark.stop()
+    return out
+
+
 def _trial(args: tuple[Any, ...]) -> float:
     """One setting trained in this process on the union batches; its last batch's loss."""
     workload, data, lr, wd, epochs = args
@@ -194,19 +263,24 @@ def run_trials(workload: Any, grid: list[tuple[float, float]], epochs: int) -> d
     spark = session()
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")
-    data = sc.broadcast(synthetic_data())
-    losses = (sc.parallelize(list(enumerate(grid)), len(grid))
-              .map(lambda kv: (kv[0], _trial((workload, data.value, kv[1][0], kv[1][1],
-                                              epochs))))
-              .collect())
+    data = sc.broadcast(bench_data())
+    samples = SCALE["samples"]
+
+    def trial(kv: Any) -> tuple[int, float]:
+        SCALE["samples"] = samples
+        return kv[0], _trial((workload, data.value, kv[1][0], kv[1][1], epochs))
+
+    losses = sc.parallelize(list(enumerate(grid)), len(grid)).map(trial).collect()
     spark.stop()
     return {"final_losses": [loss for _, loss in sorted(losses)]}
 
 
-def _ddp_trial(workload: Any, path: str, lr: float, wd: float, epochs: int) -> float:
+def _ddp_trial(workload: Any, path: str, lr: float, wd: float, epochs: int,
+               samples: int = SAMPLES) -> float:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    SCALE["samples"] = samples
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -238,12 +312,13 @@ def run_torch_distributor(workload: Any, grid: list[tuple[float, float]],
     losses = []
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "data.npz")
-        x, y = synthetic_data()
+        x, y = bench_data()
         np.savez(path, x=x, y=y)
+        del x, y
         for lr, wd in grid:
             losses.append(TorchDistributor(num_processes=PARTITIONS, local_mode=True,
                                            use_gpu=False).run(_ddp_trial, workload, path, lr,
-                                                              wd, epochs))
+                                                              wd, epochs, SCALE["samples"]))
     spark.stop()
     return {"final_losses": losses}
 
@@ -253,8 +328,8 @@ def one_runner(runner: str, grid_name: str, count: int, epochs: int | None) -> d
     workload, epochs = WORKLOADS[name], epochs or default_epochs
     grid = settings(count)
     start = time.perf_counter()
-    if runner in ("together", "one-by-one"):
-        out = run_sparkdl(workload, grid, epochs, runner == "together")
+    if runner in ("together", "one-by-one", "hop"):
+        out = run_sparkdl(workload, grid, epochs, runner == "together", runner == "hop")
     elif runner == "trials":
         out = run_trials(workload, grid, epochs)
     else:
@@ -271,8 +346,12 @@ def main() -> None:
     p.add_argument("--epochs", type=int, help="default: the grid's (G1 3, G2 10)")
     p.add_argument("--conf", nargs="+", default=[], metavar="KEY=VALUE",
                    help="Spark settings for every runner's session")
+    p.add_argument("--samples", type=int, default=SAMPLES,
+                   help=f"samples (default {SAMPLES}); another number generates each "
+                        "partition's chunk where it lives")
     p.add_argument("--one", choices=RUNNERS, help=argparse.SUPPRESS)   # a child process
     args = p.parse_args()
+    SCALE["samples"] = args.samples
     if args.conf:
         os.environ["SPARKDL_BENCH_CONF"] = " ".join(args.conf)
     if args.one:
@@ -281,7 +360,7 @@ def main() -> None:
     results = {}
     for runner in args.runners:       # each in a fresh process: its startup counts
         cmd = [sys.executable, os.path.abspath(__file__), "--grid", args.grid, "--settings",
-               str(args.settings), "--one", runner] + (
+               str(args.settings), "--samples", str(args.samples), "--one", runner] + (
                    ["--epochs", str(args.epochs)] if args.epochs else [])
         wall = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -293,20 +372,27 @@ def main() -> None:
         results[runner]["process_s"] = wall - results[runner].get("not_timed_s", 0.0)
     name, default_epochs = GRIDS[args.grid]
     print(f"{args.grid}: {args.settings} settings of {name}, {args.epochs or default_epochs} "
-          f"epochs, {SAMPLES} samples, local[{PARTITIONS}]; total wall per runner (a fresh "
+          f"epochs, {args.samples} samples, local[{PARTITIONS}]; total wall per runner (a fresh "
           "process each, Python start included)" + (f"; {' '.join(args.conf)}" if args.conf
                                                     else ""))
-    base = results.get("together", {}).get("process_s")
-    print("| runner | wall s | together's speed-up | final loss, setting 0 | max loss gap to "
-          "together |")
+    lead = "together" if "together" in results else next(iter(results), "")
+    base = results.get(lead, {}).get("process_s")
+    print(f"| runner | wall s | {lead}'s speed-up | final loss, setting 0 | max loss gap to "
+          f"{lead} |")
     print("|---|---:|---:|---:|---:|")
     for runner, out in results.items():
-        gap = (max(abs(a - b) for a, b in zip(out["final_losses"],
-                                               results["together"]["final_losses"]))
-               if "together" in results else float("nan"))
+        gap = max(abs(a - b) for a, b in zip(out["final_losses"],
+                                              results[lead]["final_losses"]))
         ratio = out["process_s"] / base if base else float("nan")
         print(f"| {runner} | {out['process_s']:.1f} | {ratio:.2f}x | "
               f"{out['final_losses'][0]:.4f} | {gap:.2e} |")
+    hop = results.get("hop")
+    if hop:
+        print(f"\nhop: {hop['hop_jobs_per_epoch']:.2f} jobs per epoch, "
+              f"{hop['hop_bytes_per_epoch'] / 2**20:.1f} MiB moved per epoch (models and "
+              f"optimizers out to each task's worker, states back), tasks' compute "
+              f"{100 * hop['hop_compute_share']:.0f}% of both cores over the "
+              f"{hop['hop_s']:.1f} s of training")
     together = results.get("together")
     if together:
         models = args.settings

@@ -15,17 +15,38 @@ Example::
                               batch_size=256, end_trigger=MaxEpoch(5)).optimize()
 """
 
+from importlib import import_module
+from typing import Any
+
 from .errors import (CheckpointError, EmptyDataError, InvalidArgumentError,
                      ModelCriterionMismatchError, NonFiniteError, ReplicaMismatchError,
                      SparkdlError, TrainingDataError, TrainingStepError, UnidentifiableError)
-from .data.batch_plan import BatchPlan
-from .engine.distri_optimizer import DistriOptimizer
-from .engine.fit_set import FitSet, SharedRunner
-from .engine.optuna_batches import BatchedStudy
-from .engine.optimizer_sequence import OptimizerSequence, SchedulerSequence
-from .engine.summary import TrainingSummary
-from .metrics import MAE, Loss, Top1Accuracy, ValidationMetric
-from .ml.estimators import NNClassifier, NNClassifierModel, NNEstimator, NNModel
+
+_LAZY = {
+    "BatchPlan": ".data.batch_plan", "DistriOptimizer": ".engine.distri_optimizer",
+    "FitSet": ".engine.fit_set", "SharedRunner": ".engine.fit_set",
+    "BatchedStudy": ".engine.optuna_batches", "OptimizerSequence": ".engine.optimizer_sequence",
+    "SchedulerSequence": ".engine.optimizer_sequence", "TrainingSummary": ".engine.summary",
+    "MAE": ".metrics", "Loss": ".metrics", "Top1Accuracy": ".metrics",
+    "ValidationMetric": ".metrics", "NNClassifier": ".ml.estimators",
+    "NNClassifierModel": ".ml.estimators", "NNEstimator": ".ml.estimators",
+    "NNModel": ".ml.estimators",
+}
+"""The public classes, imported when first named: a Python worker that only runs sparkdl's
+tasks (``sparkdl.executor``) never imports the driver's engine, pyspark.ml or pandas."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'sparkdl' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = "0.1.0"
 

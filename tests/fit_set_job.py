@@ -2,6 +2,7 @@
 driver mid-pass (tests/test_fit_set_faults.py).
 
     python fit_set_job.py MASTER OUT.pt [--fault executor --marker PATH] [--checkpoint DIR]
+                          [--strategy hop]
 
 Trains :func:`fits` (SmallNet under Adam at two learning rates and one with another batch size,
 over cluster_job's data) as one :class:`sparkdl.FitSet` and saves their state_dicts, in order.
@@ -50,6 +51,7 @@ def main() -> None:
     p.add_argument("--fault", choices=["executor"])
     p.add_argument("--marker")
     p.add_argument("--checkpoint")
+    p.add_argument("--strategy", default="together")
     args = p.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     import logging
@@ -60,9 +62,11 @@ def main() -> None:
 
     spark = spark_builder(args.master).config("spark.executor.memory", "768m").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    criterion = FaultInjectingLoss(args.fault, args.marker, 4) if args.fault else None
+    # a hop task's criterion is a fresh copy per model and sub-epoch (at most 3 batches here)
+    at_call = 2 if args.strategy == "hop" else 4
+    criterion = FaultInjectingLoss(args.fault, args.marker, at_call) if args.fault else None
     trained = fits(spark.sparkContext, criterion, args.checkpoint)
-    fit_set = FitSet(trained)
+    fit_set = FitSet(trained, strategy=args.strategy)
     fit_set.run()
     print(f"passes={fit_set.passes} jobs={fit_set.jobs}")
     print("iterations=" + ",".join(str(f.iteration) for f in trained))

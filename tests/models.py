@@ -145,6 +145,31 @@ def reference_train(model: nn.Module, x: Any, y: np.ndarray, criterion: Any,
     return model
 
 
+def hop_reference(model: nn.Module, optimizer: torch.optim.Optimizer,
+                  partitions: Sequence[tuple[np.ndarray, np.ndarray]], criterion: Any,
+                  batch_size: int, seed: int, epochs: int, position: int, hop_seed: int = 0,
+                  scheduler: Any = None, shuffle: bool = True) -> nn.Module:
+    """Plain single-process PyTorch as model hopping defines a model (sparkdl.engine.hop_loop):
+    the partitions in the model's visiting order, each partition's samples in its epoch order,
+    one optimizer step (and, if given, one scheduler step) per batch. Trains ``model`` in
+    place and returns it."""
+    from sparkdl.data.batch_plan import local_permutation
+    from sparkdl.engine.hop_order import visiting_order
+
+    for epoch in range(epochs):
+        for p in visiting_order(hop_seed, epoch, position, len(partitions)):
+            xs, ys = partitions[p]
+            order = local_permutation(len(ys), seed, epoch, p, shuffle)
+            for start in range(0, len(ys), batch_size):
+                idx = order[start:start + batch_size]
+                optimizer.zero_grad()
+                criterion(model(torch.from_numpy(xs[idx])), torch.from_numpy(ys[idx])).backward()
+                optimizer.step()
+                if scheduler is not None:
+                    scheduler.step()
+    return model
+
+
 def max_abs_diff(a: nn.Module, b: nn.Module) -> float:
     sa, sb = a.state_dict(), b.state_dict()
     assert sa.keys() == sb.keys()

@@ -113,3 +113,50 @@ def test_a_failing_param_map_raises_at_its_index_and_the_others_train(spark):
     with pytest.raises(StopIteration):
         next(together)
     assert np.isfinite(got[0].state_dict()["0.weight"].numpy()).all()
+
+
+def test_cross_validator_with_hop_sub_models_are_single_process_torch_in_their_order(spark):
+    """tuningStrategy='hop': each fold's sub-model k is single-process torch trained over that
+    fold's partitions in the visiting order of rotation position k (within 1e-6)."""
+    import copy
+
+    from models import hop_reference, max_abs_diff
+    from sparkdl.data.records import convert_records
+
+    df = vector_df(spark, 96).withColumn("fold", (F.monotonically_increasing_id() % 2)
+                                         .cast("int"))
+    clf = classifier(tuningStrategy="hop")
+    grid = (ParamGridBuilder().addGrid(clf.learningRate, [0.05, 0.01])
+            .addGrid(clf.batchSize, [8, 16]).build())
+    cv = CrossValidator(estimator=clf, estimatorParamMaps=grid, numFolds=2, parallelism=2,
+                        foldCol="fold", collectSubModels=True,
+                        evaluator=MulticlassClassificationEvaluator(metricName="accuracy"))
+    cv_model = cv.fit(df)
+    assert len(cv_model.avgMetrics) == 4
+    for fold in range(2):
+        train = df.filter(F.col("fold") != fold)
+        for k, param_map in enumerate(grid):
+            engine = clf.copy(param_map)._prepare_fit(train, {}).engine
+            partitions = []
+            for p, records in enumerate(engine.training_rdd.glom().collect()):
+                features, labels = convert_records(p, iter(records), np.dtype("float32"), ())
+                partitions.append((features[0], labels))
+            model = copy.deepcopy(engine.model)
+            optimizer = type(engine.optimizer)(model.parameters())
+            optimizer.load_state_dict(engine.optimizer.state_dict())     # its settings
+            hop_reference(model, optimizer, partitions, torch.nn.CrossEntropyLoss(),
+                          engine.batch_size, engine.seed, 2, position=k)
+            difference = max_abs_diff(cv_model.subModels[fold][k], model)
+            assert difference <= 1e-6, (fold, k, difference)
+    # the final model CrossValidator refits on the whole data is the data-parallel fit
+    best = int(np.argmax(cv_model.avgMetrics))
+    assert same_bytes(cv_model.bestModel, clf.copy({clf.tuningStrategy: "together"}).fit(
+        df, grid[best]))
+
+
+def test_a_param_map_cannot_change_the_tuning_strategy(spark):
+    from sparkdl.errors import InvalidArgumentError
+
+    clf = classifier()
+    with pytest.raises(InvalidArgumentError, match="tuningStrategy"):
+        clf.fitMultiple(vector_df(spark, 32), [{clf.tuningStrategy: "hop"}])

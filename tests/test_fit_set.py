@@ -163,7 +163,7 @@ def test_a_fit_that_stops_early_or_fails_leaves_the_pass_and_the_others_go_on(ca
         assert same_bytes(together[k].model, alone[k].model), k
         assert together[k].iteration == alone[k].iteration
     assert "fit 1 of the pass failed and leaves it: NonFiniteError" in caplog.text
-    assert "fit 0 leaves the pass after its iteration" in caplog.text
+    assert "fits [0] leave the pass after their iteration" in caplog.text
 
 
 def test_fits_that_cannot_share_a_pass_train_in_passes_of_their_own(caplog):

@@ -1,5 +1,5 @@
-"""Faults in a pass (several fits in one sequence of jobs): a killed executor and a killed
-driver recover every fit bitwise, as a single fit does."""
+"""Faults in a set of fits, trained in one pass or by model hopping: a killed executor and a
+killed driver recover every fit bitwise, as a single fit does."""
 
 from __future__ import annotations
 
@@ -14,15 +14,24 @@ import fit_set_job
 from models import SmallNet, bitwise_equal, kill_driver_after_first_checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+STRATEGIES = ["together", "hop"]
 
 
 @pytest.fixture(scope="module")
-def clean_pass(sc):
+def clean_runs(sc):
+    """Each strategy's uninterrupted run on local[2], trained once when first asked."""
     from sparkdl import FitSet
 
-    fits = fit_set_job.fits(sc)
-    FitSet(fits).run()
-    return [f.model for f in fits]
+    runs: dict[str, list[torch.nn.Module]] = {}
+
+    def clean(strategy: str) -> list[torch.nn.Module]:
+        if strategy not in runs:
+            fits = fit_set_job.fits(sc)
+            FitSet(fits, strategy=strategy).run()
+            runs[strategy] = [f.model for f in fits]
+        return runs[strategy]
+
+    return clean
 
 
 def load_models(path) -> list[SmallNet]:
@@ -34,28 +43,36 @@ def load_models(path) -> list[SmallNet]:
     return models
 
 
-def job(*args: str) -> list[str]:
-    return [sys.executable, os.path.join(HERE, "fit_set_job.py"), *args]
+def job(strategy: str, *args: str) -> list[str]:
+    return [sys.executable, os.path.join(HERE, "fit_set_job.py"), *args, "--strategy", strategy]
 
 
 @pytest.mark.cluster
-def test_an_executor_killed_mid_pass_leaves_every_fit_bitwise(clean_pass, tmp_path):
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_an_executor_killed_mid_job_leaves_every_fit_bitwise(clean_runs, tmp_path, strategy):
+    """together: mid-pass; hop: mid-sub-epoch (the job runs again from the states the driver
+    kept)."""
     out, marker = tmp_path / "weights.pt", tmp_path / "marker"
-    proc = subprocess.run(job("local-cluster[2,1,1024]", str(out), "--fault", "executor",
-                              "--marker", str(marker)),
+    proc = subprocess.run(job(strategy, "local-cluster[2,1,1024]", str(out), "--fault",
+                              "executor", "--marker", str(marker)),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert marker.exists(), "no executor was killed"
     assert "rebuilding all 4 of them from the RDD lineage" in proc.stderr
-    assert "passes=[[0, 1, 2]] jobs=10" in proc.stdout
-    for k, (model, clean) in enumerate(zip(load_models(out), clean_pass)):
+    if strategy == "together":
+        assert "passes=[[0, 1, 2]] jobs=10" in proc.stdout
+    assert "iterations=8,8,10" in proc.stdout
+    for k, (model, clean) in enumerate(zip(load_models(out), clean_runs(strategy))):
         assert bitwise_equal(model, clean), k
 
 
 @pytest.mark.cluster
-def test_a_driver_killed_mid_pass_resumes_every_fit_bitwise(clean_pass, tmp_path):
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_driver_killed_after_a_checkpoint_resumes_every_fit_bitwise(clean_runs, tmp_path,
+                                                                     strategy):
+    """together: checkpoints every 2 iterations; hop: every 2 sub-epochs."""
     ckpt, out = tmp_path / "ckpt", tmp_path / "weights.pt"
-    cmd = job("local[2]", str(out), "--checkpoint", str(ckpt))
+    cmd = job(strategy, "local[2]", str(out), "--checkpoint", str(ckpt))
     kill_driver_after_first_checkpoint(cmd, ckpt)
     assert not out.exists()
     fit_dirs = sorted(os.listdir(ckpt))     # each fit its own; the kill may come before a
@@ -67,5 +84,5 @@ def test_a_driver_killed_mid_pass_resumes_every_fit_bitwise(clean_pass, tmp_path
     assert second.stderr.count("resuming from checkpoint") == len(written) >= 1, \
         second.stderr[-4000:]
     assert "iterations=8,8,10" in second.stdout
-    for k, (model, clean) in enumerate(zip(load_models(out), clean_pass)):
+    for k, (model, clean) in enumerate(zip(load_models(out), clean_runs(strategy))):
         assert bitwise_equal(model, clean), k

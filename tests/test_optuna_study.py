@@ -91,3 +91,28 @@ def test_make_fit_errors_fail_their_trial_and_the_study_goes_on(data):
     assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE,
                                          optuna.trial.TrialState.FAIL,
                                          optuna.trial.TrialState.COMPLETE]
+
+
+def test_a_hop_study_prunes_at_epoch_ends_and_reports_as_each_trial_alone(data):
+    """strategy='hop': each trial's reported values equal those of the same trial hopping
+    alone in its order (its place in the batch); pruned trials leave at an epoch's end."""
+    together = BatchedStudy(study(), fit_maker(data), "Loss", batch_size=4, strategy="hop")
+    batched = together.optimize(8)
+    alone = BatchedStudy(study(), fit_maker(data), "Loss", batch_size=4, together=False,
+                         strategy="hop")
+    single = alone.optimize(8)
+    for a, b in zip(batched, single):
+        assert a.params == b.params
+        assert a.intermediate_values == b.intermediate_values       # bitwise equal floats
+        assert a.state == b.state and a.value == b.value
+    pruned = [t for t in batched if t.state == optuna.trial.TrialState.PRUNED]
+    assert pruned and optuna.trial.TrialState.COMPLETE in [t.state for t in batched]
+    for t in pruned:       # reported once per finished epoch, then left
+        assert sorted(t.intermediate_values) == list(range(1, len(t.intermediate_values) + 1))
+        assert len(t.intermediate_values) < EPOCHS
+    # the hop's values are not the pass's: each model trained by sequential SGD
+    passed = BatchedStudy(study(), fit_maker(data), "Loss", batch_size=4).optimize(4)
+    assert [t.intermediate_values for t in passed] != [t.intermediate_values
+                                                        for t in batched[:4]]
+    # one job per sub-epoch for the batch: 2 partitions x 3 epochs at most, plus validations
+    assert together.jobs <= 2 * (2 * EPOCHS), together.jobs

@@ -159,6 +159,11 @@ class Checkpoints:
                     "it would not continue this fit. Use a new checkpoint directory (or "
                     "set_checkpoint(..., by_fit=True): one subdirectory per fit), or the same "
                     "data, hyperparameters and initial weights.")
+        if "strategy" in state["run"] and "strategy" not in ours:
+            raise CheckpointError(
+                f"The checkpoint {name} was written by a fit trained by model hopping "
+                f"({state['run']['strategy']}); this fit trains data-parallel: resuming it would "
+                "not continue this fit. Use another checkpoint directory (or by_fit=True).")
         planned = planned_iterations(ctx.end_trigger, ctx.plan.iterations_per_epoch)
         if planned is not None and int(state["iteration"]) > planned:
             raise CheckpointError(

@@ -46,6 +46,7 @@ from ..argument_checks import (argument_error, check_choice, check_int, check_po
 from ..data.batch_plan import BatchPlan
 from ..errors import CheckpointError, InvalidArgumentError
 from ..executor.devices import DEVICES
+from ..executor.hop_task import check_hop_settings
 from ..executor.replicas import ReplicaSpec
 from ..metrics import ValidationMetric
 from ..storage.checkpoint_store import CheckpointStore
@@ -59,6 +60,7 @@ from .arguments import (check_criterion, check_lr_scheduler, check_optimizer, ch
                         check_training_data)
 from .checkpointing import CheckpointSetup, Checkpoints, exclusive_directory
 from .clipping import GradientClipping, check_norm_clipping, check_value_clipping
+from .hop_order import HopPlan
 from .fit_identity import data_digest, fit_identity, identity_directory, validation_decides
 from .loss_scaling import PRECISIONS, LossScaler
 from .mlflow_tracking import (FINISH_TIMEOUT_S, FLUSH_INTERVAL_S, MlflowSetup, MlflowTracker,
@@ -566,12 +568,17 @@ class DistriOptimizer:
         FitSet([self]).run()
         return self.model
 
-    def _begin(self, runner: Any) -> "_FitRun":
+    def _begin(self, runner: Any, hop: tuple[int, int] | None = None) -> "_FitRun":
         """Everything before this fit's first iteration, on ``runner`` (a
         :class:`sparkdl.engine.fit_set.FitView` of the pass's runner): the checks, the
         checkpoint directory and its resume, the data held (once per pass), the dry run, the
         plan, the model shipped to the tasks. Returns the fit's run, whose ``loop`` the pass
-        drives; :meth:`_end` ends it, whatever happened."""
+        drives; :meth:`_end` ends it, whatever happened. ``hop``: ``(seed, position)`` when
+        the fit trains by model hopping (:mod:`sparkdl.engine.hop_loop`): its plan is then a
+        :class:`~sparkdl.engine.hop_order.HopPlan`."""
+        if hop is not None:
+            options = self.settings.runner_options
+            check_hop_settings(_OWNER, options.precision, options.device)
         self._check_trigger_metrics()
         self.layout = ParamLayout(self.model)        # as the model is now (requires_grad flags)
         check_sparse_gradients(_OWNER, self.model, self.layout, self.optimizer,
@@ -608,8 +615,9 @@ class DistriOptimizer:
                 if setup is not None and validation_decides(self):
                     identity["validation"]["data"] = data_digest(
                         self._validation.held.summaries)
-            plan = BatchPlan(self.data_spec.partition_sizes, self.batch_size, self.seed,
-                             self.settings.shuffle)
+            plan: Any = (BatchPlan(self.data_spec.partition_sizes, self.batch_size, self.seed,
+                                   self.settings.shuffle) if hop is None else
+                         HopPlan(list(self.data_spec.partition_sizes), self.batch_size, *hop))
             sub_replicas, cores_use = choose_sub_replicas(
                 self.sub_replicas, runner.task_cores(),
                 self.settings.runner_options.device == "cuda" or runner.schedules_gpus(),
@@ -634,15 +642,22 @@ class DistriOptimizer:
                 log.info("checkpoints of this fit go to %s", directory)
             if resumed is not None:
                 checkpoints.restore(ctx, resumed)  # type: ignore[union-attr]
-            how = runner.start(ReplicaSpec(self.model, self.criterion, self.reduction,
-                                           self.train_transform, self.padding_value,
-                                           self.collate, self.settings.sample_weights,
-                                           self.training_step, self.validation_step,
-                                           self._input_names),
-                               self.layout, self.settings.runner_options, train)
-            log.info("training on %d samples in %d partitions: global batch %d, %d iterations "
-                     "per epoch, %s", plan.num_samples, plan.num_partitions, self.batch_size,
-                     plan.iterations_per_epoch, how)
+            run.spec = ReplicaSpec(self.model, self.criterion, self.reduction,
+                                   self.train_transform, self.padding_value, self.collate,
+                                   self.settings.sample_weights, self.training_step,
+                                   self.validation_step, self._input_names)
+            if hop is None or self._validation is not None:  # a hop ships it per job, and
+                how = runner.start(run.spec, self.layout,      # here only for validation
+                                   self.settings.runner_options, train)
+            if hop is None:
+                log.info("training on %d samples in %d partitions: global batch %d, %d "
+                         "iterations per epoch, %s", plan.num_samples, plan.num_partitions,
+                         self.batch_size, plan.iterations_per_epoch, how)
+            else:
+                log.info("training on %d samples in %d partitions by model hopping: batch %d, "
+                         "%d sub-epochs per epoch, rotation position %d", plan.num_samples,
+                         plan.num_partitions, self.batch_size, plan.iterations_per_epoch,
+                         plan.position)
             log.info("tasks use their cores as %s", cores_use)
             run.tracker = self._mlflow_tracker(plan)
             ctx.listeners = [run.tracker] if run.tracker is not None else []
@@ -682,6 +697,7 @@ class _FitRun:
 
     runner: Any
     ctx: RunContext | None = None
+    spec: ReplicaSpec | None = None
     loop: TrainingLoop | None = None
     tracker: MlflowTracker | None = None
     failure: BaseException | None = None

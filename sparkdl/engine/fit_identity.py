@@ -71,6 +71,8 @@ PARAMS_NOT_IN_IDENTITY: dict[str, str] = {
     "progressBar": "display only", "tensorboardDir": "reporting only",
     "mlflowLogging": "reporting only", "checkpointDir": "where checkpoints are written",
     "exchangeDir": "where the Connect runner's weights travel, not what they are",
+    "tuningStrategy": "fit ignores it; a fit of fitMultiple trained by hopping carries its "
+                      "strategy, hop seed and position in its resume key",
 }
 """The estimators' Params that do not decide a fit's weights, and why."""
 

@@ -43,15 +43,22 @@ from typing import Any, Sequence
 
 import torch
 
+from ..argument_checks import check_choice, check_int
 from ..errors import InvalidArgumentError
 from ..runners.fit_view import FitView, shares_passes
 from ..spark_settings import spark_setting
 from ..transport.flat_layout import ParamLayout
+from .hop_loop import HopLoop, HopMember
 from .pass_loop import PassLoop
 from .pass_memory import (Budget, Footprint, budgets, closure_budget, describe, footprint,
                           plan_passes)
 
-__all__ = ["FitSet", "SharedRunner", "pass_key"]
+__all__ = ["FitSet", "SharedRunner", "pass_key", "STRATEGIES"]
+
+STRATEGIES = ("together", "hop")
+"""How a :class:`FitSet` trains its fits: ``"together"`` (the pass: one data-parallel job per
+iteration for all of them, each fit exactly its fit alone) or ``"hop"`` (model hopping: whole
+models trained where the data sits, one job per sub-epoch; :mod:`sparkdl.engine.hop_loop`)."""
 
 log = logging.getLogger("sparkdl")
 
@@ -112,17 +119,40 @@ class FitSet:
         shared: a :class:`SharedRunner` whose runner and data this set uses and leaves held
             (default: its own, released when the set ends). Its runner must run passes of several fits
             (a classic session or in process), and every fit must train on its data.
+        strategy: ``"together"`` (default: passes; each fit bitwise its data-parallel fit
+            alone, the model you would train afterwards) or ``"hop"`` (model hopping,
+            :mod:`sparkdl.engine.hop_loop`: each model trained whole with sequential SGD,
+            partition after partition; the faster way to select among many models; a classic
+            SparkContext or LocalPartitions).
+        hop_seed: with ``"hop"``, seeds the epochs' partition orders
+            (:func:`sparkdl.engine.hop_order.visiting_order`).
+        hop_positions: with ``"hop"``, each fit's rotation position (default: its place in
+            ``fits``); a model's visiting order, and so its result, depends on its position and
+            ``hop_seed`` only: ``FitSet([fit], strategy="hop", hop_positions=[3])`` trains it
+            as it trained in fourth place.
 
     Example::
 
         fits = [DistriOptimizer(make_net(), rdd, loss, make_opt(lr), batch_size=b, seed=0)
                 for lr, b in [(0.1, 64), (0.03, 64), (0.01, 128)]]
         FitSet(fits).run()
+        FitSet(other_fits, strategy="hop").run()    # model selection: one job per epoch or less
     """
 
-    def __init__(self, fits: Sequence[Any], shared: SharedRunner | None = None) -> None:
+    def __init__(self, fits: Sequence[Any], shared: SharedRunner | None = None,
+                 strategy: str = "together", hop_seed: int = 0,
+                 hop_positions: Sequence[int] | None = None) -> None:
         self.fits = list(fits)
         self.shared = shared
+        self.strategy = check_choice("strategy", "FitSet", strategy, STRATEGIES)
+        self.hop_seed = check_int("hop_seed", "FitSet", hop_seed)
+        positions = list(range(len(self.fits))) if hop_positions is None else list(hop_positions)
+        if len(positions) != len(self.fits) or not all(
+                isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in positions):
+            raise InvalidArgumentError(
+                f"FitSet's hop_positions must be one int >= 0 per fit ({len(self.fits)}); got "
+                f"{hop_positions!r}.")
+        self.hop_positions = positions
         if not self.fits:
             raise InvalidArgumentError("FitSet needs at least one DistriOptimizer; got none.")
         for k, fit in enumerate(self.fits):
@@ -200,7 +230,10 @@ class FitSet:
         keep_going = len(self.fits) > 1 if keep_going is None else keep_going
         for group in self.groups():
             self.passes.append(group)
-            self._run_pass(group, keep_going)
+            if self.strategy == "hop":
+                self._run_hop(group, keep_going)
+            else:
+                self._run_pass(group, keep_going)
         if self.errors:
             first = min(self.errors)
             if len(self.fits) > 1:
@@ -209,7 +242,18 @@ class FitSet:
             raise self.errors[first]
         return [fit.model for fit in self.fits]
 
+    def _run_hop(self, group: list[int], keep_going: bool) -> None:
+        """The fits of ``group`` trained by model hopping (:mod:`sparkdl.engine.hop_loop`)."""
+        self._train_group(group, keep_going, hop=True)
+
     def _run_pass(self, group: list[int], keep_going: bool) -> None:
+        """The fits of ``group`` trained in one pass (:mod:`sparkdl.engine.pass_loop`), or one
+        after another on a runner that cannot run passes."""
+        self._train_group(group, keep_going, hop=False)
+
+    def _train_group(self, group: list[int], keep_going: bool, hop: bool) -> None:
+        """Prepare every fit of ``group`` on one runner and data held once, drive their loops
+        together, and end each fit whatever happened."""
         from ..runners import runner_for
 
         first = self.fits[group[0]]
@@ -218,7 +262,7 @@ class FitSet:
                   else runner_for(first.training_rdd, first.exchange_dir))
         loads: dict[tuple[Any, ...], Any] = held.loads if held is not None else {}
         loaded_before = len(loads)
-        if len(group) > 1 and not shares_passes(runner):
+        if not hop and len(group) > 1 and not shares_passes(runner):
             log.info("%s runs one fit at a time: the %d fits %s train one after another",
                      type(runner).__name__, len(group), group)
             if held is None:
@@ -228,9 +272,16 @@ class FitSet:
             return
         runs: dict[int, Any] = {}
         try:
+            if hop and not callable(getattr(runner, "hop", None)):
+                raise InvalidArgumentError(
+                    f"The 'hop' strategy needs a classic SparkContext (or LocalPartitions); "
+                    f"{type(runner).__name__} cannot run it (under Spark Connect use "
+                    "'together').")
             for k in group:
                 try:
-                    runs[k] = self.fits[k]._begin(FitView(runner, loads))
+                    runs[k] = self.fits[k]._begin(
+                        FitView(runner, loads),
+                        (self.hop_seed, self.hop_positions[k]) if hop else None)
                 except Exception as exc:
                     if not keep_going:
                         raise
@@ -238,10 +289,18 @@ class FitSet:
                     log.error("fit %d failed before training: %s: %s", k, type(exc).__name__,
                               exc)
             started = [k for k in group if k in runs]
-            if len(started) > 1:
-                log.info("training %d fits in one pass over the same shards: %s", len(started),
-                         started)
-            loop = PassLoop([runs[k].loop for k in started], keep_going)
+            if hop:
+                if started:
+                    log.info("training %d fits by model hopping over the same shards: %s "
+                             "(rotation positions %s, hop seed %d)", len(started), started,
+                             [self.hop_positions[k] for k in started], self.hop_seed)
+                loop: Any = HopLoop([HopMember(runs[k].ctx, runs[k].loop, runs[k].spec)
+                                     for k in started], keep_going)
+            else:
+                if len(started) > 1:
+                    log.info("training %d fits in one pass over the same shards: %s",
+                             len(started), started)
+                loop = PassLoop([runs[k].loop for k in started], keep_going)
             try:
                 loop.run()
             except BaseException as exc:

@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 from ..errors import InvalidArgumentError
 from ..triggers import TrainingState, Trigger
-from .fit_set import FitSet, SharedRunner
+from .fit_set import STRATEGIES, FitSet, SharedRunner
 
 __all__ = ["BatchedStudy", "ReportToTrial"]
 
@@ -95,6 +95,10 @@ class BatchedStudy:
         batch_size: trials asked and trained together at a time.
         together: False trains each batch's trials one after another (the same trials, values
             and, with the median pruner, the same pruning: a way to check, or to bound memory).
+        strategy: how a batch trains: ``"together"`` (a pass: each trial's fit exactly its
+            data-parallel fit) or ``"hop"`` (model hopping, :mod:`sparkdl.engine.hop_loop`:
+            each trial's model trained whole, partition after partition, in the order of its
+            place in the batch; it reports and can be pruned at epoch ends).
 
     Example::
 
@@ -102,8 +106,13 @@ class BatchedStudy:
     """
 
     def __init__(self, study: Any, make_fit: Callable[[Any], Any], metric: str,
-                 batch_size: int = 8, together: bool = True) -> None:
+                 batch_size: int = 8, together: bool = True, strategy: str = "together"
+                 ) -> None:
         _optuna()
+        if strategy not in STRATEGIES:
+            raise InvalidArgumentError(f"BatchedStudy's strategy must be one of {STRATEGIES}; "
+                                       f"got {strategy!r}.")
+        self.strategy = strategy
         if not callable(make_fit):
             raise InvalidArgumentError("BatchedStudy's make_fit must be a function of a trial "
                                        f"returning a DistriOptimizer; got {make_fit!r}.")
@@ -154,8 +163,9 @@ class BatchedStudy:
                 errors[k] = exc
         order = sorted(fits)
         positions = ([order] if order else []) if self.together else [[k] for k in order]
-        for members in positions:
-            fit_set = FitSet([fits[k] for k in members], shared=shared)
+        for members in positions:       # hop: a trial's rotation position is its place
+            fit_set = FitSet([fits[k] for k in members], shared=shared,   # in the batch
+                             strategy=self.strategy, hop_positions=members)
             try:
                 fit_set.run(keep_going=True)
             except Exception:               # noqa: BLE001 - kept per fit in fit_set.errors

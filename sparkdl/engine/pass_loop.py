@@ -39,6 +39,9 @@ class PassLoop:
         """The loops that reached their end trigger."""
         self.jobs = 0
 
+    word = "pass"
+    """How the log names what the fits share."""
+
     def run(self) -> None:
         active: list[int] = []
         try:
@@ -47,12 +50,12 @@ class PassLoop:
                     active.append(k)
                 elif k not in self.errors:
                     self.finished.add(k)
+            self._starting(active)
             while active:
-                requests = [self.loops[k].request() for k in active]
-                results = self._job(active, requests)
-                still = []
-                for k, result in zip(active, results):
-                    ended = self._guarded(k, lambda: self.loops[k].complete(result))
+                completions = self._iteration(active)
+                still, left = [], []
+                for k in active:
+                    ended = self._guarded(k, completions[k])
                     if k in self.errors:
                         continue
                     if not ended:
@@ -60,18 +63,29 @@ class PassLoop:
                         continue
                     self.loops[k].close()
                     self.finished.add(k)
-                    if len(self.loops) > 1:
-                        log.info("fit %d leaves the pass after its iteration %d (%d fits go "
-                                 "on)", k, self.loops[k].ctx.iteration,
-                                 sum(1 for j in active if j != k and j not in self.errors))
+                    left.append(k)
+                if left and len(self.loops) > 1:
+                    log.info("fits %s leave the %s after their iteration %s (%d fits go on)",
+                             left, self.word, [self.loops[k].ctx.iteration for k in left],
+                             len(still))
                 active = still
         finally:
             for k in active:
                 self.loops[k].close()
 
+    def _starting(self, active: list[int]) -> None:
+        """Before the first job, with the fits that train (a hook)."""
+
+    def _iteration(self, active: list[int]) -> dict[int, Callable[[], bool]]:
+        """One job for the active fits; each fit's completion of it (True: the fit ended)."""
+        requests = [self.loops[k].request() for k in active]
+        results = self._job(active, requests)
+        return {k: (lambda k=k, result=result: self.loops[k].complete(result))
+                for k, result in zip(active, results)}
+
     def _guarded(self, k: int, call: Callable[[], bool]) -> bool:
-        """``call()``; a failure is raised, or with ``keep_going`` kept (the fit leaves the
-        pass, False is returned)."""
+        """``call()``; a failure is raised, or with ``keep_going`` kept (the fit leaves, False
+        is returned)."""
         try:
             return call()
         except Exception as exc:
@@ -79,7 +93,7 @@ class PassLoop:
                 raise
             self.errors[k] = exc
             self.loops[k].close()
-            log.error("fit %d of the pass failed and leaves it: %s: %s", k,
+            log.error("fit %d of the %s failed and leaves it: %s: %s", k, self.word,
                       type(exc).__name__, exc)
             return False
 

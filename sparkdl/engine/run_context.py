@@ -55,12 +55,15 @@ class RunSettings:
                 "micro_batch_size": self.micro_batch_size,
                 "lr_scheduler_step": self.lr_scheduler_step,
                 "compression": options.compression, "precision": options.precision,
-                "sub_replicas": self.sub_replicas}
+                "sub_replicas": self.sub_replicas} | (
+                    {"strategy": plan.strategy} if hasattr(plan, "strategy") else {})
 
 
 KEY_DEFAULTS: dict[str, Any] = {"micro_batch_size": None, "lr_scheduler_step": "epoch",
-                                "compression": None, "precision": "32", "sub_replicas": 1}
-"""What checkpoints written before a setting joined the key had (they could not differ)."""
+                                "compression": None, "precision": "32", "sub_replicas": 1,
+                                "strategy": "together"}
+"""What checkpoints written before a setting joined the key had (they could not differ;
+``strategy`` is only in the keys of fits trained by model hopping)."""
 
 
 @dataclass

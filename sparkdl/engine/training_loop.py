@@ -46,7 +46,7 @@ from .run_context import RunContext
 from .summary import IterationRecord
 from .update_threads import one_update_thread
 
-__all__ = ["TrainingLoop"]
+__all__ = ["TrainingLoop", "stop_not_finite"]
 
 log = logging.getLogger("sparkdl")
 
@@ -83,6 +83,20 @@ def _batch_loss(result: AllReduceResult) -> float:
     return float(math.fsum(r.loss for r in result.reports))
 
 
+def stop_not_finite(ctx: RunContext, what: str, unit: str = "iteration") -> None:
+    """The NaN policy: stop with the last good weights (the model's now, also checkpointed when
+    the run checkpoints) in a :class:`NonFiniteError`; ``what`` was not finite in ``unit``
+    ``ctx.iteration + 1``."""
+    path = ctx.checkpoints.write(ctx) if ctx.checkpoints is not None else None
+    good = {k: v.detach().clone() for k, v in ctx.model.state_dict().items()}
+    message = (f"Training stopped at {unit} {ctx.iteration + 1}: {what}. The model keeps the "
+               f"last good weights (after {unit} {ctx.iteration}); they are in this error's "
+               "state_dict" + (f" and in checkpoint {path}" if path else "") +
+               ". Lower the learning rate, clip gradients or check the data.")
+    log.error("%s", message)
+    raise NonFiniteError(message, ctx.iteration + 1, good, path)
+
+
 class TrainingLoop:
     """Runs ``ctx`` from its current iteration until the end trigger fires."""
 
@@ -114,7 +128,7 @@ class TrainingLoop:
             state = TrainingState(ctx.iteration, ctx.iteration // per_epoch,
                                   ctx.iteration % per_epoch == 0, last, dict(self._metrics))
             if ctx.end_trigger(state):
-                self._restore_best()
+                self.restore_best()
                 log.info("the end trigger had already fired at iteration %d: nothing to train",
                          ctx.iteration)
                 return False
@@ -132,6 +146,20 @@ class TrainingLoop:
         reporter, self._reporter = self._reporter, None
         if reporter is not None:
             reporter.close()
+
+    @property
+    def reporter(self) -> ProgressReporter | None:
+        """The run's progress sinks, between :meth:`start` and :meth:`close`."""
+        return self._reporter
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The latest validation's metrics (empty before the first)."""
+        return self._metrics
+
+    @metrics.setter
+    def metrics(self, values: dict[str, float]) -> None:
+        self._metrics = dict(values)
 
     def request(self) -> tuple[StepSpec, StateVersion]:
         """The next iteration's step and weights: what its gradient job computes."""
@@ -233,11 +261,11 @@ class TrainingLoop:
         if scheduler_due and self._metric_scheduler:
             ctx.lr_scheduler.step(self._scheduler_metric(state, epoch, loss))
         ended = ctx.end_trigger(state)
-        self._remember_best(state)
+        self.remember_best(state)
         if ctx.checkpoints is not None and ctx.checkpoints.setup.trigger(state):
             ctx.checkpoints.write(ctx)
         if ended:
-            self._restore_best()
+            self.restore_best()
             log.info("training finished after %d iterations (%d epochs): loss %.6g",
                      ctx.iteration, state.epoch, loss)
         return ended
@@ -355,14 +383,14 @@ class TrainingLoop:
         return math.fsum(r.loss * r.records for r in records) / total
 
     # ------------------------------------------------------------------ early stopping
-    def _remember_best(self, state: TrainingState) -> None:
+    def remember_best(self, state: TrainingState) -> None:
         """Keep a copy of the weights an early stop may restore (only when they improved)."""
         for k, trigger in enumerate(self._early_stops()):
             if trigger.improved and trigger.restore_best:
                 self.ctx.best_states[k] = {name: value.detach().clone()
                                            for name, value in self.ctx.model.state_dict().items()}
 
-    def _restore_best(self) -> None:
+    def restore_best(self) -> None:
         for k, trigger in enumerate(self._early_stops()):
             best = self.ctx.best_states.get(k)
             if trigger.stopped and trigger.restore_best and best is not None:
@@ -400,13 +428,5 @@ class TrainingLoop:
             return
         bad = int((~np.isfinite(params)).sum()) + sum(
             int((~np.isfinite(values)).sum()) for _, values in (rows or {}).values())
-        what = (f"the loss is {loss}" if not math.isfinite(loss) else
-                f"the gradient has {bad} non-finite values")
-        path = ctx.checkpoints.write(ctx) if ctx.checkpoints is not None else None
-        good = {k: v.detach().clone() for k, v in ctx.model.state_dict().items()}
-        message = (f"Training stopped at iteration {ctx.iteration + 1}: {what}. The model keeps "
-                   f"the last good weights (after iteration {ctx.iteration}); they are in this "
-                   "error's state_dict" + (f" and in checkpoint {path}" if path else "") +
-                   ". Lower the learning rate, clip gradients or check the data.")
-        log.error("%s", message)
-        raise NonFiniteError(message, ctx.iteration + 1, good, path)
+        stop_not_finite(ctx, f"the loss is {loss}" if not math.isfinite(loss) else
+                        f"the gradient has {bad} non-finite values")

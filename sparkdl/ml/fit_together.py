@@ -1,5 +1,10 @@
 """``fitMultiple`` of the estimators: every param map's fit trained together (driver side).
 
+The estimator's ``tuningStrategy`` says how: ``"together"`` (the default: passes, each model
+bitwise the one ``fit`` gives for its map) or ``"hop"`` (model hopping,
+:mod:`sparkdl.engine.hop_loop`: each model trained whole with sequential SGD, visiting the
+partitions in the order of its map's index).
+
 pyspark's tuners (``CrossValidator``, ``TrainValidationSplit``) call ``fitMultiple(dataset,
 paramMaps)`` and read a thread-safe iterator of ``(index, model)`` from ``parallelism`` threads.
 Here the first read trains every param map's fit: each is prepared as ``fit`` prepares it
@@ -20,6 +25,7 @@ import threading
 from typing import Any, Sequence
 
 from ..engine.fit_set import FitSet
+from ..errors import InvalidArgumentError
 from .mlflow_runs import tuning_stages
 
 __all__ = ["fit_together", "FitsTogether"]
@@ -30,9 +36,11 @@ log = logging.getLogger("sparkdl")
 class FitsTogether:
     """The iterator ``fitMultiple`` returns (see the module docstring)."""
 
-    def __init__(self, stages: Sequence[Any], dataset: Any) -> None:
+    def __init__(self, stages: Sequence[Any], dataset: Any, strategy: str = "together"
+                 ) -> None:
         self.stages = list(stages)
         self.dataset = dataset
+        self.strategy = strategy
         self._lock = threading.Lock()
         self._trained = False
         self._next = 0
@@ -72,7 +80,9 @@ class FitsTogether:
         if not prepared:
             return
         order = sorted(prepared)
-        fit_set = FitSet([prepared[i].engine for i in order])
+        # hop: each param map's model has the rotation position of its index
+        fit_set = FitSet([prepared[i].engine for i in order], strategy=self.strategy,
+                         hop_positions=order)
         try:
             fit_set.run(keep_going=True)
         except Exception as exc:       # the first failed fit's error, or the pass's own
@@ -95,5 +105,14 @@ class FitsTogether:
 
 
 def fit_together(estimator: Any, dataset: Any, param_maps: Sequence[Any]) -> FitsTogether:
-    """``estimator.fitMultiple(dataset, param_maps)`` (see the module docstring)."""
-    return FitsTogether(tuning_stages(estimator, param_maps), dataset)
+    """``estimator.fitMultiple(dataset, param_maps)`` (see the module docstring); the
+    estimator's ``tuningStrategy`` decides how the maps train (a map cannot change it)."""
+    strategy = estimator.getOrDefault("tuningStrategy")
+    for index, param_map in enumerate(param_maps):
+        for param, value in param_map.items():
+            if param.name == "tuningStrategy" and value != strategy:
+                raise InvalidArgumentError(
+                    f"Param map {index} sets tuningStrategy={value!r}, but the estimator's is "
+                    f"{strategy!r}: the strategy decides how all the maps train together. Set it "
+                    "on the estimator, not in the grid.")
+    return FitsTogether(tuning_stages(estimator, param_maps), dataset, strategy)

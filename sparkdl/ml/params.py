@@ -17,6 +17,7 @@ from pyspark.ml.param.shared import (HasFeaturesCol, HasLabelCol, HasPredictionC
 from ..argument_checks import argument_error
 from ..errors import InvalidArgumentError
 from ..engine.loss_scaling import PRECISIONS
+from ..engine.fit_set import STRATEGIES
 from ..executor.devices import DEVICES
 from ..spark_compat import HasBatchSize, HasLearningRate, HasMomentum, HasNumTrainWorkers
 from .engine_settings import METRIC_NAMES
@@ -88,6 +89,12 @@ _OWN_PARAMS: dict[str, tuple[Any, str]] = {
     "weightCol": (TypeConverters.toString,
                   "per-row sample weights (numeric, >= 0): the loss is the weighted mean over "
                   "each union batch; validation metrics stay unweighted (\"\": off)"),
+    "tuningStrategy": (TypeConverters.toString,
+                       "how fitMultiple (CrossValidator, TrainValidationSplit) trains its param "
+                       "maps: 'together' (each model exactly the data-parallel fit of its map, "
+                       "one job per iteration for all) or 'hop' (model hopping: each model "
+                       "trained whole with sequential SGD, partition after partition, one job "
+                       "per sub-epoch for all; faster for model selection). fit ignores it"),
     "validationMetrics": (TypeConverters.toListString,
                           "metrics computed on the validation rows every epoch: any of "
                           "'loss', 'accuracy', 'mae' ([]: loss, plus accuracy for classifiers)"),
@@ -109,7 +116,8 @@ class NNParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasBatchSize, HasL
                          tensorboardDir="", mlflowLogging=False, device="auto", precision="32",
                          checkpointDir="", gradientClipNorm=0.0, earlyStoppingPatience=0,
                          restoreBest=True, validationMetrics=[], sequenceCols=[],
-                         paddingValue=0.0, weightCol="", exchangeDir="")
+                         paddingValue=0.0, weightCol="", exchangeDir="",
+                         tuningStrategy="together")
 
     def setParams(self, **params: Any) -> "NNParams":
         """Set any Params by name, e.g. ``setParams(batchSize=64, maxEpoch=3)``."""
@@ -220,6 +228,7 @@ def validate_params(stage: Params) -> None:
             not get("validationIndicatorCol"):
         raise _error("earlyStoppingPatience", owner, "0 unless validationIndicatorCol names "
                      "the validation rows it watches", get("earlyStoppingPatience"))
-    for name, choices in (("device", DEVICES), ("precision", PRECISIONS)):
+    for name, choices in (("device", DEVICES), ("precision", PRECISIONS),
+                          ("tuningStrategy", STRATEGIES)):
         if get(name) not in choices:
             raise _error(name, owner, " or ".join(repr(c) for c in choices), get(name))

@@ -34,6 +34,7 @@ from ..errors import InvalidArgumentError
 from .interface import PartitionMetrics, RunnerOptions
 from ..executor.replicas import Replica, ReplicaSpec
 from ..executor.shard_store import Shard, ShardSummary, summarize_arrays
+from ..executor.hop_task import HopPartitionResult, HopSpec, HopTask
 from ..executor.step import StepSpec, compute_gradient, compute_metric_sums
 from ..metrics import ValidationMetric
 from ..transport.allreduce import AllReduceResult, sum_in_order
@@ -211,6 +212,14 @@ class InProcessRunner:
                                                   batch_size, one.precision)
                 out.append(PartitionMetrics(partition, sums, count))
         return out
+
+    def hop(self, data: InProcessData, bundles: dict[int, bytes],
+            assignments: dict[int, list[tuple[int, HopSpec]]]) -> dict[int, HopPartitionResult]:
+        """One sub-epoch of model hopping, partition by partition (see
+        :meth:`sparkdl.runners.spark_rdd.SparkRddRunner.hop`)."""
+        task = HopTask("", bundles, assignments, shards=data.shards)
+        with _task_environment():
+            return {p: task.compute(p, shard) for p, shard in enumerate(data.shards)}
 
     def lost_data_reason(self, exc: BaseException) -> str | None:
         return None       # nothing is held anywhere it could be lost

@@ -35,6 +35,7 @@ from .held_data import complete_misses, not_found
 from .interface import PartitionMetrics, RunnerOptions
 from ..executor.replicas import ReplicaSpec
 from ..executor.step import StepSpec
+from ..executor.hop_task import HopPartitionResult, HopSpec, HopTask
 from ..executor.tasks import EvaluationTask, GradientTask, PassGradientTask
 from ..metrics import ValidationMetric
 from ..errors import InvalidArgumentError
@@ -261,6 +262,25 @@ class SparkRddRunner:
         finally:
             weights_bc.destroy(blocking=False)
         return [rows[p] for p in sorted(rows)]
+
+    def hop(self, data: CachedData, bundles: dict[int, bytes],
+            assignments: dict[int, list[tuple[int, HopSpec]]]) -> dict[int, HopPartitionResult]:
+        """One sub-epoch of model hopping (:mod:`sparkdl.engine.hop_loop`): the models'
+        bundles in one broadcast, each partition's task training the models assigned to it on
+        its shard (a partition whose task ran where its shard is not is filled, as a gradient
+        job's); the results by partition."""
+        assert data.index_rdd is not None
+        bundles_bc = self.spark_context.broadcast(bundles)
+        try:
+            task = HopTask(data.data_key, bundles_bc, assignments, live=live_runs())
+            rows = {row.partition: row for row in with_resources(
+                data.index_rdd.mapPartitionsWithIndex(task), self._resources).collect()}
+            missing = sorted(p for p, row in rows.items() if row.missing_shard)
+            if missing:
+                rows.update(data.fill(missing, task, self._resources))
+        finally:
+            bundles_bc.destroy(blocking=False)
+        return rows
 
     def lost_data_reason(self, exc: BaseException) -> str | None:
         return lost_data_reason(exc)
