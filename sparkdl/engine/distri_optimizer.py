@@ -46,7 +46,6 @@ from ..argument_checks import (argument_error, check_choice, check_int, check_po
 from ..data.batch_plan import BatchPlan
 from ..errors import CheckpointError, InvalidArgumentError
 from ..executor.devices import DEVICES
-from ..executor.hop_task import check_hop_settings
 from ..executor.replicas import ReplicaSpec
 from ..metrics import ValidationMetric
 from ..storage.checkpoint_store import CheckpointStore
@@ -60,6 +59,7 @@ from .arguments import (check_criterion, check_lr_scheduler, check_optimizer, ch
                         check_training_data)
 from .checkpointing import CheckpointSetup, Checkpoints, exclusive_directory
 from .clipping import GradientClipping, check_norm_clipping, check_value_clipping
+from .hop_loop import check_hop_settings
 from .hop_order import HopPlan
 from .fit_identity import data_digest, fit_identity, identity_directory, validation_decides
 from .loss_scaling import PRECISIONS, LossScaler

@@ -45,7 +45,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..errors import SparkdlError, raise_reported
+from ..errors import InvalidArgumentError, SparkdlError, raise_reported
 from ..executor.hop_task import HopBundle, HopReport, HopSpec, Visit, VisitRecord
 from ..executor.process_memory import current_rss_bytes
 from ..executor.replicas import ReplicaSpec
@@ -59,9 +59,23 @@ from .summary import IterationRecord
 from .training_loop import stop_not_finite
 from .update_threads import one_update_thread
 
-__all__ = ["HopMember", "HopLoop", "horizon", "next_change"]
+__all__ = ["HopMember", "HopLoop", "horizon", "next_change", "check_hop_settings"]
 
 log = logging.getLogger("sparkdl")
+
+
+def check_hop_settings(owner: str, precision: str, device: str) -> None:
+    """What model hopping cannot do yet, refused before any job."""
+    if precision == "16-mixed":
+        raise InvalidArgumentError(
+            f"{owner}: model hopping trains each model with its own optimizer inside the task, "
+            "where float16 training needs a loss scaler of its own: use precision='32' or "
+            "'bf16-mixed' with the 'hop' strategy, or the 'together' strategy.")
+    if device == "cuda":
+        raise InvalidArgumentError(
+            f"{owner}: model hopping trains on the executors' CPUs in this version; use "
+            "device='auto' or 'cpu' with the 'hop' strategy, or the 'together' strategy for "
+            "GPU executors.")
 
 
 @dataclass
@@ -162,10 +176,10 @@ class HopLoop(PassLoop):
                          "model)", len(active), partitions, len(active), partitions)
 
     def _iteration(self, active: list[int]) -> dict[int, Callable[[], bool]]:
-        reports, job_s = self._sub_epoch(active)
+        reports, job_s = self._hop_job(active)
         return {k: (lambda k=k: self._complete(k, reports.get(k), job_s)) for k in active}
 
-    def _sub_epoch(self, active: list[int]) -> tuple[dict[int, HopReport], float]:
+    def _hop_job(self, active: list[int]) -> tuple[dict[int, HopReport], float]:
         """One job: every active fit's model trained from its next sub-epoch on, on that
         sub-epoch's partition, and on through the following sub-epochs of its horizon
         (:func:`horizon`) while their shards are on the same executor. A fit whose next
@@ -233,21 +247,15 @@ class HopLoop(PassLoop):
                                "no sub-epoch although its shard was there")
         t_load = time.perf_counter()
         model_state, optimizer_state, scheduler_state = pickle.loads(report.state)
-        loaded = {"done": False}
-
-        def load() -> None:             # the states after the job's last visit
-            with one_update_thread():
-                ctx.model.load_state_dict(model_state)
-                ctx.optimizer.load_state_dict(optimizer_state)
-                if scheduler_state is not None:
-                    ctx.lr_scheduler.load_state_dict(scheduler_state)
-            loaded["done"] = True
-
         share = job_s / len(visits)
         for j, visit in enumerate(visits):
             last = j == len(visits) - 1
-            if last:
-                load()
+            if last:                    # the states after the job's last visit
+                with one_update_thread():
+                    ctx.model.load_state_dict(model_state)
+                    ctx.optimizer.load_state_dict(optimizer_state)
+                    if scheduler_state is not None:
+                        ctx.lr_scheduler.load_state_dict(scheduler_state)
             ended = self._after_visit(k, visit, share, time.perf_counter() - t_load
                                       if last else 0.0, report.rss_bytes, last)
             if ended and not last:
@@ -288,32 +296,7 @@ class HopLoop(PassLoop):
                               loss=loss if samples else None, metrics=dict(loop.metrics))
         if not last:
             return ctx.end_trigger(state)
-        if ctx.validation is not None and ctx.validation.trigger(state):
-            validation = ctx.validation.run(ctx, ctx.layout.state_vector(ctx.model), state)
-            loop.reporter.validation(validation)
-            loop.metrics = validation.metrics
-            state = TrainingState(state.iteration, state.epoch, state.epoch_finished,
-                                  state.loss, dict(loop.metrics), validated=True)
-        if epoch_finished and member.driver_scheduler:
-            with one_update_thread():
-                ctx.lr_scheduler.step(self._epoch_metric(ctx, state, epoch))
-        ended = ctx.end_trigger(state)
-        loop.remember_best(state)
-        if ctx.checkpoints is not None and ctx.checkpoints.setup.trigger(state):
-            ctx.checkpoints.write(ctx)
-        if ended:
-            loop.restore_best()
-            log.info("fit %d finished after %d sub-epochs (%d epochs) of model hopping", k,
-                     ctx.iteration, state.epoch)
-        return ended
-
-    @staticmethod
-    def _epoch_metric(ctx: RunContext, state: TrainingState, epoch: int) -> float:
-        """What a metric scheduler (``ReduceLROnPlateau``) steps with at an epoch's end: the
-        validation loss when it was just computed, else the epoch's mean training loss."""
-        if state.validated and "Loss" in state.metrics:
-            return float(state.metrics["Loss"])
-        records = [r for r in ctx.summary.iterations if r.epoch == epoch + 1 and r.records]
-        total = math.fsum(r.records for r in records)
-        return math.fsum(r.loss * r.records for r in records) / total if total else math.nan
+        return loop.finish_iteration(state, epoch, loss,
+                                     lambda: ctx.layout.state_vector(ctx.model),
+                                     epoch_finished and member.driver_scheduler, "sub-epochs")
 

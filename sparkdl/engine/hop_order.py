@@ -74,7 +74,3 @@ class HopPlan:
         """The partition of sub-epoch ``iteration`` (0-based, counted over the whole run)."""
         epoch, step = divmod(iteration, self.num_partitions)
         return visiting_order(self.seed, epoch, self.position, self.num_partitions)[step]
-
-    def steps_on(self, partition: int) -> int:
-        """Optimizer steps of one visit to ``partition`` (its last batch may be smaller)."""
-        return -(-int(self.partition_sizes[partition]) // self.batch_size)

@@ -24,7 +24,7 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -157,10 +157,6 @@ class TrainingLoop:
         """The latest validation's metrics (empty before the first)."""
         return self._metrics
 
-    @metrics.setter
-    def metrics(self, values: dict[str, float]) -> None:
-        self._metrics = dict(values)
-
     def request(self) -> tuple[StepSpec, StateVersion]:
         """The next iteration's step and weights: what its gradient job computes."""
         self._epoch_step = self.ctx.plan.epoch_and_step(self.ctx.iteration)
@@ -253,12 +249,25 @@ class TrainingLoop:
                 epoch + 1, ctx.iteration, step + 1, per_epoch, spec.batch_size, loss,
                 record.samples_per_s)
         reporter.iteration(record)
+        return self.finish_iteration(state, epoch, loss, lambda: state_vector,
+                                     scheduler_due and self._metric_scheduler)
+
+    def finish_iteration(self, state: TrainingState, epoch: int, loss: float,
+                         weights: Callable[[], np.ndarray], metric_step: bool,
+                         unit: str = "iterations") -> bool:
+        """After an iteration's update and record (``state``: where training stands, ``epoch``
+        the 0-based epoch it belonged to): validation with ``weights()`` when its trigger
+        fires, a metric scheduler's step when ``metric_step``, the end trigger, the weights an
+        early stop may restore, checkpoints. True when the end trigger fired (the best
+        weights are then restored). Model hopping calls it after a sub-epoch."""
+        ctx = self.ctx
+        assert self._reporter is not None
         if ctx.validation is not None and ctx.validation.trigger(state):
-            validation = ctx.validation.run(ctx, state_vector, state)
-            reporter.validation(validation)
+            validation = ctx.validation.run(ctx, weights(), state)
+            self._reporter.validation(validation)
             self._metrics = dict(validation.metrics)
             state = dataclasses.replace(state, metrics=dict(self._metrics), validated=True)
-        if scheduler_due and self._metric_scheduler:
+        if metric_step:
             ctx.lr_scheduler.step(self._scheduler_metric(state, epoch, loss))
         ended = ctx.end_trigger(state)
         self.remember_best(state)
@@ -266,8 +275,8 @@ class TrainingLoop:
             ctx.checkpoints.write(ctx)
         if ended:
             self.restore_best()
-            log.info("training finished after %d iterations (%d epochs): loss %.6g",
-                     ctx.iteration, state.epoch, loss)
+            log.info("training finished after %d %s (%d epochs): loss %.6g", ctx.iteration,
+                     unit, state.epoch, loss)
         return ended
 
     # ------------------------------------------------------------------ the weights' refresh
@@ -378,7 +387,7 @@ class TrainingLoop:
             return float(state.metrics["Loss"])
         if self.ctx.settings.lr_scheduler_step == "iteration":
             return loss
-        records = [r for r in self.ctx.summary.iterations if r.epoch == epoch + 1]
+        records = [r for r in self.ctx.summary.iterations if r.epoch == epoch + 1 and r.records]
         total = math.fsum(r.records for r in records)
         return math.fsum(r.loss * r.records for r in records) / total
 

@@ -41,18 +41,16 @@ import numpy as np
 import torch
 
 from ..data.batch_plan import local_permutation, task_seed, transform_generator
-from ..errors import InvalidArgumentError, SparkdlError, permanent_report
-from ..losses import loss_terms
-from ..training_step import step_loss_terms
-from .id_checks import IdOrigin, argument_names, checked_ids
+from ..errors import SparkdlError, permanent_report
 from .live_runs import LiveRuns, evict_finished
 from .process_memory import current_rss_bytes
 from .replicas import Replica, ReplicaSpec, set_training_modes
 from .shard_store import Shard, open_shard
-from .step import _chunks, _to_tensors, apply_transform, autocast, seed_task, set_task_threads
+from .tasks import task_attempt
+from .step import _chunks, chunk_loss, seed_task, set_task_threads
 
 __all__ = ["HopBundle", "Visit", "HopSpec", "VisitRecord", "HopReport", "HopPartitionResult",
-           "HopTask", "train_on_shard", "check_hop_settings"]
+           "HopTask", "train_on_shard"]
 
 
 @dataclass
@@ -137,13 +135,6 @@ class HopPartitionResult:
     missing_shard: bool = False
 
 
-def _attempt() -> int:
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    return ctx.attemptNumber() if ctx is not None else 0
-
-
 def _batch_backward(replica: Replica, model: torch.nn.Module, shard: Shard,
                     indices: np.ndarray, spec: HopSpec, partition: int,
                     rng: np.random.Generator | None) -> float | None:
@@ -154,31 +145,8 @@ def _batch_backward(replica: Replica, model: torch.nn.Module, shard: Shard,
     divided = replica.normalised or replica.sample_weights
     total_loss, total_normaliser = 0.0, 0.0
     for chunk in chunks:
-        features, labels = shard.take(chunk)
-        if replica.sample_weights:
-            features, weights = features[:-1], features[-1]
-        if replica.train_transform is not None:
-            features = apply_transform(replica.train_transform, features, rng)
-        inputs, target = _to_tensors(features, labels, replica.layout.param_dtype,
-                                     replica.device, replica)
-        origin = IdOrigin(argument_names(features, replica.input_names, replica.collate),
-                          partition, chunk)
-        with autocast(spec.precision, replica.device), checked_ids(model, inputs, origin):
-            if replica.training_step is not None:
-                loss, multiplier, normaliser = step_loss_terms(replica.training_step, model,
-                                                               inputs, target)
-            elif replica.normalised:
-                loss, multiplier, normaliser = loss_terms(replica.criterion, model(*inputs),
-                                                          target)
-            elif replica.sample_weights:
-                per_sample = replica.per_sample_criterion(model(*inputs), target)
-                per_sample = per_sample.reshape(per_sample.shape[0], -1).mean(1)
-                loss = (per_sample * torch.from_numpy(np.asarray(weights)).to(
-                    per_sample.device, per_sample.dtype)).sum()
-                multiplier, normaliser = 1.0, float(np.sum(weights, dtype=np.float64))
-            else:
-                loss = replica.criterion(model(*inputs), target)
-                multiplier = normaliser = float(len(chunk))
+        loss, multiplier, normaliser = chunk_loss(replica, shard, chunk, spec.precision,
+                                                  partition, rng)
         if divided:
             total_normaliser += normaliser
             if loss is None:
@@ -223,7 +191,7 @@ def train_on_shard(bundle_bytes: bytes, shard_of: Callable[[int], Shard | None],
     visits stop there: the driver runs the rest elsewhere). The report carries the new states
     (``state``), or what was not finite (``nonfinite``: then no state)."""
     first = spec.visits[0].partition
-    report = HopReport(model_index, first, attempt=_attempt(), started_at=time.time())
+    report = HopReport(model_index, first, attempt=task_attempt(), started_at=time.time())
     bundle: HopBundle = pickle.loads(bundle_bytes)
     replica = Replica(bundle.spec, "cpu")
     model, optimizer, scheduler = replica.model, bundle.optimizer, bundle.lr_scheduler
@@ -349,20 +317,6 @@ class HopTask:
                 fatal = permanent_report(exc)
                 if fatal is None:
                     raise
-                report = HopReport(model, partition, attempt=_attempt(), fatal=fatal)
+                report = HopReport(model, partition, attempt=task_attempt(), fatal=fatal)
             result.reports.append(report)
         return result
-
-
-def check_hop_settings(owner: str, precision: str, device: str) -> None:
-    """What model hopping cannot do yet, refused before any job."""
-    if precision == "16-mixed":
-        raise InvalidArgumentError(
-            f"{owner}: model hopping trains each model with its own optimizer inside the task, "
-            "where float16 training needs a loss scaler of its own: use precision='32' or "
-            "'bf16-mixed' with the 'hop' strategy, or the 'together' strategy.")
-    if device == "cuda":
-        raise InvalidArgumentError(
-            f"{owner}: model hopping trains on the executors' CPUs in this version; use "
-            "device='auto' or 'cpu' with the 'hop' strategy, or the 'together' strategy for "
-            "GPU executors.")

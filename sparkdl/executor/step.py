@@ -39,7 +39,7 @@ from .shard_store import Shard
 from .sub_replicas import run_sub_replicas, sub_shares
 
 __all__ = ["StepSpec", "TaskReport", "PartitionMetrics", "compute_gradient", "compute_metric_sums",
-           "set_task_threads", "seed_task", "as_model_input", "autocast"]
+           "set_task_threads", "seed_task", "as_model_input", "autocast", "chunk_loss"]
 
 
 @dataclass(frozen=True)
@@ -244,6 +244,45 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
     return vector, report
 
 
+def chunk_loss(replica: Replica, shard: Shard, chunk: np.ndarray, precision: str,
+               partition: int, rng: np.random.Generator | None
+               ) -> tuple[torch.Tensor | None, float, float]:
+    """The forward of ``chunk`` (local indices of the partition's shard) on the replica's
+    model: ``(loss, multiplier, normaliser)`` as :func:`sparkdl.losses.loss_terms` gives them
+    for a training step, a loss with a normaliser and sample weights (``loss * multiplier``
+    the loss summed over the chunk's terms; loss None when no term counts); the plain loss
+    with multiplier and normaliser 0 otherwise (the caller weights it by rows). The
+    ``train_transform`` draws from ``rng``."""
+    model = replica.model
+    features, labels = shard.take(chunk)
+    if replica.sample_weights:
+        features, sample_weights = features[:-1], features[-1]
+    if replica.train_transform is not None:
+        features = apply_transform(replica.train_transform, features, rng)
+    inputs, target = _to_tensors(features, labels, replica.layout.param_dtype, replica.device,
+                                 replica)
+    origin = IdOrigin(argument_names(features, replica.input_names, replica.collate),
+                      partition, chunk)
+    multiplier, normaliser = 0.0, 0.0
+    with autocast(precision, replica.device), checked_ids(model, inputs, origin):
+        if replica.training_step is not None:       # the user's own step (its own calls)
+            loss, multiplier, normaliser = step_loss_terms(replica.training_step, model,
+                                                           inputs, target)
+        elif replica.normalised:    # divided by the union's normaliser
+            loss, multiplier, normaliser = loss_terms(replica.criterion, model(*inputs), target)
+        elif replica.sample_weights:
+            loss = replica.per_sample_criterion(model(*inputs), target)
+        else:
+            loss = replica.criterion(model(*inputs), target)
+    if replica.sample_weights:
+        # sum of w_i * loss_i, divided by the union's sum of w
+        per_sample = loss.reshape(loss.shape[0], -1).mean(1)
+        loss = (per_sample * torch.from_numpy(np.asarray(sample_weights)).to(
+            per_sample.device, per_sample.dtype)).sum()
+        multiplier, normaliser = 1.0, float(np.sum(sample_weights, dtype=np.float64))
+    return loss, multiplier, normaliser
+
+
 def _share_gradient(step: StepSpec, partition: int, shard: Shard, replica: Replica,
                     indices: np.ndarray, weights: np.ndarray | Refresh
                     ) -> tuple[np.ndarray, np.ndarray, float, float, dict[int, bytes],
@@ -262,36 +301,11 @@ def _share_gradient(step: StepSpec, partition: int, shard: Shard, replica: Repli
     model.zero_grad(set_to_none=True)
     mean = replica.reduction == "mean"
     loss_sum, normaliser_sum = 0.0, 0.0
-    augment = replica.train_transform
-    rng = (transform_generator(step.seed, step.iteration, partition) if augment is not None
-           else None)
+    rng = (transform_generator(step.seed, step.iteration, partition)
+           if replica.train_transform is not None else None)
     for chunk in _chunks(indices, step.micro_batch_size):
-        features, labels = shard.take(chunk)
-        if replica.sample_weights:
-            features, sample_weights = features[:-1], features[-1]
-        if augment is not None:
-            features = apply_transform(augment, features, rng)
-        inputs, target = _to_tensors(features, labels, layout.param_dtype, replica.device,
-                                     replica)
-        origin = IdOrigin(argument_names(features, replica.input_names, replica.collate),
-                          partition, chunk)
-        with autocast(step.precision, replica.device), checked_ids(model, inputs, origin):
-            if replica.training_step is not None:       # the user's own step (its own calls)
-                loss, multiplier, normaliser = step_loss_terms(replica.training_step, model,
-                                                               inputs, target)
-            elif replica.normalised:    # the driver divides by the union's normaliser
-                loss, multiplier, normaliser = loss_terms(replica.criterion, model(*inputs),
-                                                          target)
-            elif replica.sample_weights:
-                loss = replica.per_sample_criterion(model(*inputs), target)
-            else:
-                loss = replica.criterion(model(*inputs), target)
-        if replica.sample_weights:
-            # sum of w_i * loss_i; the driver divides the summed vector by the union's sum of w
-            per_sample = loss.reshape(loss.shape[0], -1).mean(1)
-            loss = (per_sample * torch.from_numpy(np.asarray(sample_weights)).to(
-                per_sample.device, per_sample.dtype)).sum()
-            multiplier, normaliser = 1.0, float(np.sum(sample_weights, dtype=np.float64))
+        loss, multiplier, normaliser = chunk_loss(replica, shard, chunk, step.precision,
+                                                  partition, rng)
         if replica.sample_weights or replica.normalised:
             normaliser_sum += normaliser
             if loss is None:            # no target of this chunk counts

@@ -36,7 +36,7 @@ from .worker_cache import one_freeze
 from .step import (PartitionMetrics, StepSpec, TaskReport, compute_gradient,
                    compute_metric_sums, set_task_threads)
 
-__all__ = ["PickledSpec", "GradientTask", "PassGradientTask", "PassReport", "EvaluationTask",
+__all__ = ["task_attempt", "PickledSpec", "GradientTask", "PassGradientTask", "PassReport", "EvaluationTask",
            "ShardBuildTask", "CleanupTask", "FillTask"]
 
 
@@ -52,7 +52,8 @@ class PickledSpec:
         return pickle.loads(self.broadcast.value)
 
 
-def _attempt() -> int:
+def task_attempt() -> int:
+    """The running Spark task's attempt number (0 outside a task)."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
@@ -89,12 +90,12 @@ class GradientTask:
 
             weights = self.weights if isinstance(self.weights, Refresh) else self.weights.value
             vector, report = compute_gradient(self.step, partition, shard, replica, weights,
-                                              attempt=_attempt(), device=choice.device)
+                                              attempt=task_attempt(), device=choice.device)
         except SparkdlError as exc:
             fatal = permanent_report(exc)
             if fatal is None:
                 raise
-            return None, TaskReport(partition=partition, attempt=_attempt(), fatal=fatal)
+            return None, TaskReport(partition=partition, attempt=task_attempt(), fatal=fatal)
         report.device = f"{choice.device} ({choice.reason})"
         return vector, report
 
@@ -149,7 +150,7 @@ class PassGradientTask:
                 for p, values in (r.table_rows or {}).items()}
         reports = [dataclasses.replace(r, table_rows=None) if r.table_rows else r
                    for _, r in results]
-        report = PassReport(partition, reports, attempt=_attempt(), table_rows=rows or None,
+        report = PassReport(partition, reports, attempt=task_attempt(), table_rows=rows or None,
                             missing_shard=any(r.missing_shard for r in reports),
                             started_at=min((r.started_at for r in reports), default=0.0),
                             finished_at=max((r.finished_at for r in reports), default=0.0),
