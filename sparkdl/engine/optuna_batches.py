@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+from ..argument_checks import check_choice
 from ..errors import InvalidArgumentError
 from ..triggers import TrainingState, Trigger
 from .fit_set import STRATEGIES, FitSet, SharedRunner
@@ -109,10 +110,7 @@ class BatchedStudy:
                  batch_size: int = 8, together: bool = True, strategy: str = "together"
                  ) -> None:
         _optuna()
-        if strategy not in STRATEGIES:
-            raise InvalidArgumentError(f"BatchedStudy's strategy must be one of {STRATEGIES}; "
-                                       f"got {strategy!r}.")
-        self.strategy = strategy
+        self.strategy = check_choice("strategy", "BatchedStudy", strategy, STRATEGIES)
         if not callable(make_fit):
             raise InvalidArgumentError("BatchedStudy's make_fit must be a function of a trial "
                                        f"returning a DistriOptimizer; got {make_fit!r}.")
