@@ -148,11 +148,13 @@ def reference_train(model: nn.Module, x: Any, y: np.ndarray, criterion: Any,
 def hop_reference(model: nn.Module, optimizer: torch.optim.Optimizer,
                   partitions: Sequence[tuple[np.ndarray, np.ndarray]], criterion: Any,
                   batch_size: int, seed: int, epochs: int, position: int, hop_seed: int = 0,
-                  scheduler: Any = None, shuffle: bool = True) -> nn.Module:
+                  scheduler: Any = None, shuffle: bool = True,
+                  scheduler_per_epoch: bool = False) -> nn.Module:
     """Plain single-process PyTorch as model hopping defines a model (sparkdl.engine.hop_loop):
     the partitions in the model's visiting order, each partition's samples in its epoch order,
-    one optimizer step (and, if given, one scheduler step) per batch. Trains ``model`` in
-    place and returns it."""
+    one optimizer step (and, if given, one scheduler step) per batch, or with
+    ``scheduler_per_epoch`` one scheduler step per epoch. Trains ``model`` in place and returns
+    it."""
     from sparkdl.data.batch_plan import local_permutation
     from sparkdl.engine.hop_order import visiting_order
 
@@ -165,8 +167,10 @@ def hop_reference(model: nn.Module, optimizer: torch.optim.Optimizer,
                 optimizer.zero_grad()
                 criterion(model(torch.from_numpy(xs[idx])), torch.from_numpy(ys[idx])).backward()
                 optimizer.step()
-                if scheduler is not None:
+                if scheduler is not None and not scheduler_per_epoch:
                     scheduler.step()
+        if scheduler is not None and scheduler_per_epoch:
+            scheduler.step()
     return model
 
 

@@ -145,6 +145,116 @@ def test_hop_in_process_is_bitwise_the_spark_run(hop_run):
         assert bitwise_equal(a.model, b.model), k
 
 
+class ShrinkingNet(SmallNet):
+    """SmallNet whose output is scaled by a non-persistent buffer that every training forward
+    shrinks: state_dict() leaves it out, yet it changes the result."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.ones(()), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            with torch.no_grad():
+                self.scale.mul_(0.99)
+        return super().forward(x) * self.scale
+
+
+def test_epoch_schedulers_empty_partitions_and_unsaved_buffers_fused_or_not():
+    """Per-epoch StepLR, an empty partition and a non-persistent buffer the forward changes:
+    each model is single-process torch in its visiting order, and one job per sub-epoch (an
+    epoch that ends on the empty partition: no task, the driver steps the scheduler) gives
+    bitwise the fused models."""
+    from sparkdl import DistriOptimizer, FitSet
+    from sparkdl.engine.hop_order import visiting_order
+    from sparkdl.runners import LocalPartitions
+    from sparkdl.triggers import MaxEpoch, MinLoss
+
+    sizes, epochs, positions = [30, 0, 25, 35], 3, [0, 1, 2]
+    bounds = np.cumsum([0] + sizes)
+    parts = [(X[a:b], Y[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    # some model's epoch ends on the empty partition (what the unfused run must get right)
+    assert any(visiting_order(0, e, m, 4)[-1] == 1 for e in range(epochs) for m in positions)
+
+    def model(m: int):
+        torch.manual_seed(20 + m)
+        net = ShrinkingNet()
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.2, momentum=0.5)
+        return net, optimizer, torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5)
+
+    def fits(fused: bool):
+        out = []
+        for m in positions:
+            net, optimizer, scheduler = model(m)
+            trigger = MaxEpoch(epochs) if fused else MaxEpoch(epochs) | MinLoss(1e-9)
+            out.append(DistriOptimizer(
+                net, LocalPartitions([list(zip(x, y)) for x, y in parts]),
+                torch.nn.CrossEntropyLoss(), optimizer, batch_size=8, end_trigger=trigger,
+                seed=9, lr_scheduler=scheduler, progress_bar=False))
+        return out
+
+    fused, unfused = fits(True), fits(False)
+    FitSet(fused, strategy="hop").run()
+    unfused_set = FitSet(unfused, strategy="hop")
+    unfused_set.run()
+    assert unfused_set.jobs > epochs          # one job per sub-epoch with samples
+    for m, (a, b) in enumerate(zip(fused, unfused)):
+        assert bitwise_equal(a.model, b.model), m
+        assert torch.equal(a.model.scale, b.model.scale), m
+        assert a.optimizer.param_groups[0]["lr"] == b.optimizer.param_groups[0]["lr"] == \
+            0.2 * 0.5 ** epochs
+        net, optimizer, scheduler = model(m)
+        hop_reference(net, optimizer, parts, torch.nn.CrossEntropyLoss(), 8, 9, epochs, m,
+                      scheduler=scheduler, scheduler_per_epoch=True)
+        assert max_difference(a.model, net) <= 1e-6, m
+        assert torch.equal(a.model.scale, net.scale), m     # the buffer came back each job
+
+
+class PoisonedNet(SmallNet):
+    """SmallNet whose output is NaN for a batch holding a sample with a first feature above
+    50: the data decides where a model goes non-finite, however its sub-epochs are fused."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        return out * torch.nan if bool((x[:, 0] > 50).any()) else out
+
+
+def test_a_non_finite_sub_epoch_keeps_the_good_ones_before_it_fused_or_not():
+    """A fused run that meets a NaN in its third sub-epoch keeps the weights of the two
+    before it, bitwise those of one job per sub-epoch, and says which sub-epoch failed."""
+    from sparkdl import DistriOptimizer, FitSet
+    from sparkdl.engine.hop_order import visiting_order
+    from sparkdl.errors import NonFiniteError
+    from sparkdl.runners import LocalPartitions
+    from sparkdl.triggers import MaxEpoch, MinLoss
+
+    x = X.copy()
+    order = visiting_order(0, 0, 0, 3)
+    x[BOUNDS[order[2]], 0] = 100.0       # a sample of the model's third partition in epoch 0
+    data = LocalPartitions([list(zip(x[a:b], Y[a:b])) for a, b in zip(BOUNDS[:-1], BOUNDS[1:])])
+
+    def run(fused: bool):
+        torch.manual_seed(31)
+        net = PoisonedNet()
+        fit = DistriOptimizer(
+            net, data, torch.nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1),
+            batch_size=8, seed=2, progress_bar=False,
+            end_trigger=MaxEpoch(2) if fused else MaxEpoch(2) | MinLoss(1e-9))
+        fit_set = FitSet([fit], strategy="hop")
+        with pytest.raises(NonFiniteError, match="stopped at sub-epoch 3"):
+            fit_set.run()
+        return fit, fit_set
+
+    fused, fused_set = run(True)
+    unfused, unfused_set = run(False)
+    assert fused_set.jobs == 3 and unfused_set.jobs == 3    # 2 good + the failing one
+    assert fused.iteration == unfused.iteration == 2
+    assert bitwise_equal(fused.model, unfused.model)
+    torch.manual_seed(31)
+    start = PoisonedNet()
+    assert max_difference(fused.model, start) > 1e-3         # the two sub-epochs kept
+
+
 def test_hop_refuses_what_it_cannot_do_before_any_job():
     from sparkdl import DistriOptimizer, FitSet
     from sparkdl.errors import InvalidArgumentError

@@ -116,3 +116,28 @@ def test_a_hop_study_prunes_at_epoch_ends_and_reports_as_each_trial_alone(data):
                                                         for t in batched[:4]]
     # one job per sub-epoch for the batch: 2 partitions x 3 epochs at most, plus validations
     assert together.jobs <= 2 * (2 * EPOCHS), together.jobs
+
+
+def test_an_error_of_the_whole_batch_fails_its_trials_and_the_study_goes_on(data,
+                                                                           monkeypatch):
+    """A job that fails for every fit (here: raised on the batch's fifth job, after some
+    trials reported) ends the batch: its trials are FAIL, never COMPLETE with a partial value,
+    and the next batch trains."""
+    from sparkdl.engine.pass_loop import PassLoop
+
+    real, calls = PassLoop._iteration, []
+
+    def failing(self, active):
+        calls.append(1)
+        if len(calls) == 5:
+            raise RuntimeError("the cluster went away")
+        return real(self, active)
+
+    monkeypatch.setattr(PassLoop, "_iteration", failing)
+    batched = BatchedStudy(study(), fit_maker(data), "Loss", batch_size=4).optimize(8)
+    first, second = batched[:4], batched[4:]
+    assert any(t.intermediate_values for t in first)      # some had reported before the error
+    assert all(t.state == optuna.trial.TrialState.FAIL for t in first), \
+        [t.state for t in first]
+    assert all(t.state != optuna.trial.TrialState.FAIL for t in second), \
+        [t.state for t in second]

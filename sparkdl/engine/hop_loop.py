@@ -45,8 +45,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import torch
+
 from ..errors import InvalidArgumentError, SparkdlError, raise_reported
-from ..executor.hop_task import HopBundle, HopReport, HopSpec, Visit, VisitRecord
+from ..executor.hop_task import (HopBundle, HopReport, HopSpec, Visit, VisitRecord,
+                                 step_epoch_scheduler)
 from ..executor.process_memory import current_rss_bytes
 from ..executor.replicas import ReplicaSpec
 from ..triggers import (EveryEpoch, MaxEpoch, MaxIteration, SeveralIteration, TrainingState,
@@ -87,6 +90,9 @@ class HopMember:
     ctx: RunContext
     loop: Any                       # sparkdl.engine.training_loop.TrainingLoop
     spec: ReplicaSpec
+    cap: int = 0
+    """When > 0: the next job runs at most this many sub-epochs (those that trained well
+    before a fused run met a non-finite value, run again to keep their weights)."""
 
     @property
     def task_scheduler(self) -> str:
@@ -197,9 +203,11 @@ class HopLoop(PassLoop):
             if not counts[plan.partition_at(ctx.iteration)]:
                 continue
             per_epoch = plan.iterations_per_epoch
+            length = min(horizon(member), member.cap) if member.cap else horizon(member)
+            member.cap = 0
             visits = tuple(Visit(t // per_epoch, plan.partition_at(t),
                                  counts[plan.partition_at(t)], (t + 1) % per_epoch == 0)
-                           for t in range(ctx.iteration, ctx.iteration + horizon(member)))
+                           for t in range(ctx.iteration, ctx.iteration + length))
             settings = ctx.settings
             bundles[k] = cloudpickle.dumps(HopBundle(
                 member.spec, ctx.optimizer,
@@ -237,22 +245,38 @@ class HopLoop(PassLoop):
         member = self.members[k]
         ctx = member.ctx
         if report is None:
+            if member.task_scheduler == "epoch" and \
+                    (ctx.iteration + 1) % ctx.plan.iterations_per_epoch == 0:
+                step_epoch_scheduler(ctx.lr_scheduler)   # as the task steps it after a visit
             return self._after_visit(k, None, job_s, 0.0)
         raise_reported([report], f"fit {k}, sub-epoch {ctx.iteration + 1}")
         if report.nonfinite is not None:
+            if report.visits:
+                # fused sub-epochs trained well before it: the next job runs only them again
+                # (the same bits) so that their weights are kept, and the job after it stops
+                # at the failing sub-epoch, as one job per sub-epoch would
+                member.cap = len(report.visits)
+                log.info("fit %d: a value was not finite after %d good sub-epochs of a fused "
+                         "run; they run again alone to keep their weights", k,
+                         len(report.visits))
+                return False
             stop_not_finite(ctx, report.nonfinite, "sub-epoch")
         visits = report.visits
         if not visits:
             raise SparkdlError(f"fit {k}: the task of partition {report.partition} trained "
                                "no sub-epoch although its shard was there")
         t_load = time.perf_counter()
-        model_state, optimizer_state, scheduler_state = pickle.loads(report.state)
+        model_state, other_buffers, optimizer_state, scheduler_state = pickle.loads(report.state)
         share = job_s / len(visits)
         for j, visit in enumerate(visits):
             last = j == len(visits) - 1
             if last:                    # the states after the job's last visit
                 with one_update_thread():
                     ctx.model.load_state_dict(model_state)
+                    buffers = dict(ctx.model.named_buffers())
+                    with torch.no_grad():
+                        for name, value in other_buffers.items():
+                            buffers[name].copy_(value)
                     ctx.optimizer.load_state_dict(optimizer_state)
                     if scheduler_state is not None:
                         ctx.lr_scheduler.load_state_dict(scheduler_state)

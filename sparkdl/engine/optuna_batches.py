@@ -166,8 +166,12 @@ class BatchedStudy:
                              strategy=self.strategy, hop_positions=members)
             try:
                 fit_set.run(keep_going=True)
-            except Exception:               # noqa: BLE001 - kept per fit in fit_set.errors
-                pass
+            except Exception as exc:        # noqa: BLE001 - the trials fail, the study goes on
+                # a fit's own error is in fit_set.errors; an error of the whole set (a task
+                # past Spark's retries, data lost too often) ends every fit still training
+                for position in range(len(members)):
+                    if position not in fit_set.errors and position not in fit_set.finished:
+                        errors[members[position]] = exc
             self.loads += fit_set.loads
             self.jobs += fit_set.jobs
             for position, exc in fit_set.errors.items():

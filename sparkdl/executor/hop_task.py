@@ -50,6 +50,7 @@ from .tasks import task_attempt
 from .step import _chunks, chunk_loss, seed_task, set_task_threads
 
 __all__ = ["HopBundle", "Visit", "HopSpec", "VisitRecord", "HopReport", "HopPartitionResult",
+           "step_epoch_scheduler",
            "HopTask", "train_on_shard"]
 
 
@@ -211,20 +212,30 @@ def train_on_shard(bundle_bytes: bytes, shard_of: Callable[[int], Shard | None],
             if report.nonfinite is not None:
                 break
         if scheduler is not None and visit.epoch_end and spec.scheduler == "epoch":
-            with warnings.catch_warnings():    # an unpickled optimizer's step is not wrapped
-                warnings.filterwarnings("ignore", "Seems like `optimizer.step", UserWarning)
-                scheduler.step()
+            step_epoch_scheduler(scheduler)
         record.compute_s = time.perf_counter() - t0
         report.visits.append(record)
     optimizer.zero_grad(set_to_none=True)
     if report.nonfinite is None:
+        saved = model.state_dict()
+        others = {k: v for k, v in model.named_buffers() if k not in saved}   # non-persistent
         report.state = pickle.dumps(
-            (model.state_dict(), optimizer.state_dict(),
+            (saved, others, optimizer.state_dict(),
              scheduler.state_dict() if scheduler is not None else None),
             protocol=pickle.HIGHEST_PROTOCOL)
     report.rss_bytes = current_rss_bytes()
     report.finished_at = time.time()
     return report
+
+
+def step_epoch_scheduler(scheduler: Any) -> None:
+    """Step a per-epoch scheduler at an epoch's end (in the task after the visit that closes
+    it; on the driver when that visit's partition is empty and no task ran)."""
+    with warnings.catch_warnings():    # an unpickled optimizer's step is not wrapped, and the
+        warnings.filterwarnings("ignore", "Seems like `optimizer.step", UserWarning)  # steps
+        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step()`",    # ran in
+                                UserWarning)                                            # tasks
+        scheduler.step()
 
 
 def _visit(replica: Replica, model: torch.nn.Module, optimizer: Any, scheduler: Any,
