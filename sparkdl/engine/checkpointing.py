@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
+from ..executor.replicas import load_non_persistent_buffers, non_persistent_buffers
 from ..storage.checkpoint_store import FORMAT_VERSION, CheckpointStore
 from ..triggers import Trigger, planned_iterations
 from .run_context import KEY_DEFAULTS, RunContext
@@ -65,12 +66,6 @@ def _model_class(model: nn.Module) -> str:
 
 def _model_signature(model: nn.Module) -> list[list[Any]]:
     return [[name, list(t.shape)] for name, t in model.state_dict().items()]
-
-
-def _non_persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Buffers that ``state_dict()`` leaves out but that train like the others."""
-    saved = model.state_dict()
-    return {k: v.detach().clone() for k, v in model.named_buffers() if k not in saved}
 
 
 _DIRECTORY_LOCKS: dict[str, threading.Lock] = {}
@@ -172,10 +167,7 @@ class Checkpoints:
                 "(training longer resumes, training shorter cannot go back). Use another "
                 "checkpoint directory for the shorter run.")
         ctx.model.load_state_dict(state["model_state"])
-        buffers = dict(ctx.model.named_buffers())
-        with torch.no_grad():
-            for buffer_name, value in state.get("other_buffers", {}).items():
-                buffers[buffer_name].copy_(value)
+        load_non_persistent_buffers(ctx.model, state.get("other_buffers", {}))
         ctx.optimizer.load_state_dict(state["optimizer_state"])
         if ctx.lr_scheduler is not None and state.get("scheduler_state") is not None:
             ctx.lr_scheduler.load_state_dict(state["scheduler_state"])
@@ -231,7 +223,7 @@ class Checkpoints:
             "model_class": _model_class(ctx.model),
             "model_signature": _model_signature(ctx.model),
             "model_state": {k: v.detach().clone() for k, v in ctx.model.state_dict().items()},
-            "other_buffers": _non_persistent_buffers(ctx.model),
+            "other_buffers": non_persistent_buffers(ctx.model),
             "optimizer_state": ctx.optimizer.state_dict(),
             "scheduler_state": (ctx.lr_scheduler.state_dict()
                                 if ctx.lr_scheduler is not None else None),

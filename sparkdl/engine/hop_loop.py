@@ -45,13 +45,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-import torch
-
 from ..errors import InvalidArgumentError, SparkdlError, raise_reported
 from ..executor.hop_task import (HopBundle, HopReport, HopSpec, Visit, VisitRecord,
                                  step_epoch_scheduler)
 from ..executor.process_memory import current_rss_bytes
-from ..executor.replicas import ReplicaSpec
+from ..executor.replicas import ReplicaSpec, load_non_persistent_buffers
 from ..triggers import (EveryEpoch, MaxEpoch, MaxIteration, SeveralIteration, TrainingState,
                         Trigger, TriggerAnd, TriggerOr)
 from .optimizer_sequence import needs_closure, scheduler_needs_metric
@@ -203,8 +201,9 @@ class HopLoop(PassLoop):
             if not counts[plan.partition_at(ctx.iteration)]:
                 continue
             per_epoch = plan.iterations_per_epoch
-            length = min(horizon(member), member.cap) if member.cap else horizon(member)
-            member.cap = 0
+            length = horizon(member)
+            if member.cap:
+                length, member.cap = min(length, member.cap), 0
             visits = tuple(Visit(t // per_epoch, plan.partition_at(t),
                                  counts[plan.partition_at(t)], (t + 1) % per_epoch == 0)
                            for t in range(ctx.iteration, ctx.iteration + length))
@@ -273,10 +272,7 @@ class HopLoop(PassLoop):
             if last:                    # the states after the job's last visit
                 with one_update_thread():
                     ctx.model.load_state_dict(model_state)
-                    buffers = dict(ctx.model.named_buffers())
-                    with torch.no_grad():
-                        for name, value in other_buffers.items():
-                            buffers[name].copy_(value)
+                    load_non_persistent_buffers(ctx.model, other_buffers)
                     ctx.optimizer.load_state_dict(optimizer_state)
                     if scheduler_state is not None:
                         ctx.lr_scheduler.load_state_dict(scheduler_state)

@@ -44,7 +44,7 @@ from ..data.batch_plan import local_permutation, task_seed, transform_generator
 from ..errors import SparkdlError, permanent_report
 from .live_runs import LiveRuns, evict_finished
 from .process_memory import current_rss_bytes
-from .replicas import Replica, ReplicaSpec, set_training_modes
+from .replicas import Replica, ReplicaSpec, non_persistent_buffers, set_training_modes
 from .shard_store import Shard, open_shard
 from .tasks import task_attempt
 from .step import _chunks, chunk_loss, seed_task, set_task_threads
@@ -217,10 +217,8 @@ def train_on_shard(bundle_bytes: bytes, shard_of: Callable[[int], Shard | None],
         report.visits.append(record)
     optimizer.zero_grad(set_to_none=True)
     if report.nonfinite is None:
-        saved = model.state_dict()
-        others = {k: v for k, v in model.named_buffers() if k not in saved}   # non-persistent
         report.state = pickle.dumps(
-            (saved, others, optimizer.state_dict(),
+            (model.state_dict(), non_persistent_buffers(model), optimizer.state_dict(),
              scheduler.state_dict() if scheduler is not None else None),
             protocol=pickle.HIGHEST_PROTOCOL)
     report.rss_bytes = current_rss_bytes()
@@ -231,10 +229,11 @@ def train_on_shard(bundle_bytes: bytes, shard_of: Callable[[int], Shard | None],
 def step_epoch_scheduler(scheduler: Any) -> None:
     """Step a per-epoch scheduler at an epoch's end (in the task after the visit that closes
     it; on the driver when that visit's partition is empty and no task ran)."""
-    with warnings.catch_warnings():    # an unpickled optimizer's step is not wrapped, and the
-        warnings.filterwarnings("ignore", "Seems like `optimizer.step", UserWarning)  # steps
-        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step()`",    # ran in
-                                UserWarning)                                            # tasks
+    # an unpickled optimizer's step is not wrapped, and its steps ran in tasks: torch's two
+    # warnings about the order of the steps do not apply
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Seems like `optimizer.step", UserWarning)
+        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step()`", UserWarning)
         scheduler.step()
 
 

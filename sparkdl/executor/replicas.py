@@ -25,6 +25,7 @@ from ..transport.flat_layout import ParamLayout
 from .worker_cache import WorkerCache
 
 __all__ = ["Replica", "ReplicaSpec", "get_replica", "drop_replica", "training_modes",
+           "non_persistent_buffers", "load_non_persistent_buffers",
            "set_training_modes"]
 
 _REPLICAS: WorkerCache["Replica"] = WorkerCache(capacity=16, freeze=True)
@@ -55,6 +56,21 @@ def training_modes(model: nn.Module) -> list[bool]:
     Dropout) stays in eval in every task."""
     modes = [m.training for m in model.modules()]
     return [True] * len(modes) if not any(modes) else modes
+
+
+def non_persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Buffers that ``state_dict()`` leaves out (``persistent=False``) but that train like the
+    others, by name (copies)."""
+    saved = model.state_dict()
+    return {k: v.detach().clone() for k, v in model.named_buffers() if k not in saved}
+
+
+def load_non_persistent_buffers(model: nn.Module, values: dict[str, torch.Tensor]) -> None:
+    """Copy ``values`` (from :func:`non_persistent_buffers`) into ``model``'s buffers."""
+    buffers = dict(model.named_buffers())
+    with torch.no_grad():
+        for name, value in values.items():
+            buffers[name].copy_(value)
 
 
 def set_training_modes(model: nn.Module, modes: list[bool]) -> None:
