@@ -40,7 +40,8 @@ import sys
 from typing import Any, Callable, Mapping
 
 __all__ = ["RECOMMENDED_CONF", "LOCAL_JAVA_OPTIONS", "recommended_conf", "is_local_master",
-           "speculation_never_fires", "spark_setting", "spark_session"]
+           "speculation_never_fires", "spark_setting", "spark_session", "shard_replicas",
+           "SHARD_REPLICAS"]
 
 RECOMMENDED_CONF: dict[str, str] = {
     "spark.python.unix.domain.socket.enabled": "true",
@@ -59,6 +60,30 @@ def spark_setting(sc: Any, key: str, default: str = "") -> str:
 
     Example: ``spark_setting(sc, "spark.task.cpus", "1")``"""
     return str(sc._jsc.sc().conf().get(key, default))
+
+
+SHARD_REPLICAS = "spark.sparkdl.shardReplicas"
+
+
+def shard_replicas(setting: Callable[[str], str]) -> int:
+    """How many executors hold each training shard (``spark.sparkdl.shardReplicas``, default 1:
+    the executor that built it); an :class:`~sparkdl.errors.InvalidArgumentError` naming the
+    value when it is not a whole number from 1 to 8.
+
+    Example: ``shard_replicas(lambda k: spark_setting(sc, k))``"""
+    from .errors import InvalidArgumentError
+
+    value = (setting(SHARD_REPLICAS) or "1").strip()
+    try:
+        replicas = int(value)
+    except ValueError:
+        replicas = 0
+    if not 1 <= replicas <= 8:
+        raise InvalidArgumentError(
+            f"{SHARD_REPLICAS}={value!r}: give how many executors should hold each training "
+            "shard, a whole number from 1 (the default: the executor that built it) to 8; 2 "
+            "lets a speculative or retried task start at once on a second holder")
+    return replicas
 
 
 def is_local_master(master: str) -> bool:

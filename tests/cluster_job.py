@@ -16,6 +16,7 @@ driver that gets killed.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -27,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from models import (FaultInjectingLoss, SlowExecutorLoss, SlowPartitionLoss,  # noqa: E402
                     SmallNet, TablesNet, classification_data, id_pairs_data, make_rdd,
-                    tables_optimizer)
+                    split_sizes, tables_optimizer)
 
 SIZES = [40, 0, 25, 35]
 BATCH = 16
@@ -94,11 +95,30 @@ def files_containing(dirs, patterns):
     return sorted(hits), read
 
 
+class ChangingPartition:
+    """An RDD's partition function whose partition ``partition`` gives other contents from its
+    second computation on (the first leaves ``marker``): a stale or tampered source."""
+
+    def __init__(self, parts, partition: int, marker: str) -> None:
+        self.parts, self.partition, self.marker = parts, partition, marker
+
+    def __call__(self, i, _):
+        rows = self.parts[i]
+        if i == self.partition:
+            if os.path.exists(self.marker):
+                features, label = rows[0]
+                rows = [(features + 1.0, label)] + rows[1:]
+            else:
+                open(self.marker, "w").close()
+        return iter(rows)
+
+
 def train(sc, iterations=ITERATIONS, criterion=None, checkpoint=None, allreduce="auto",
-          validation=False, sizes=SIZES, during=None, tables=False):
+          validation=False, sizes=SIZES, during=None, tables=False, changing=None):
     """``during``: called once with no argument after the third iteration (a scan of the
     executors' disks, for instance). ``tables``: a TablesNet (sparse embedding tables under
-    SparseAdam, the head under Adam) on id pairs, without a scheduler."""
+    SparseAdam, the head under Adam) on id pairs, without a scheduler. ``changing``:
+    ``(partition, marker)``, that partition changes after its first computation."""
     from sparkdl import DistriOptimizer
     from sparkdl.triggers import MaxIteration, SeveralIteration, Trigger
 
@@ -115,7 +135,13 @@ def train(sc, iterations=ITERATIONS, criterion=None, checkpoint=None, allreduce=
     torch.manual_seed(7)
     net = TablesNet() if tables else SmallNet()
     optimizer = tables_optimizer(net) if tables else torch.optim.Adam(net.parameters(), lr=0.01)
-    opt = DistriOptimizer(net, make_rdd(sc, list(zip(x, y)), sizes),
+    rdd = make_rdd(sc, list(zip(x, y)), sizes)
+    if changing is not None:
+        spans = split_sizes(sum(sizes), sizes)
+        parts = [list(zip(x, y))[a:b] for a, b in spans]
+        rdd = sc.parallelize(range(len(parts)), len(parts)).mapPartitionsWithIndex(
+            ChangingPartition(parts, *changing))
+    opt = DistriOptimizer(net, rdd,
                           criterion or torch.nn.CrossEntropyLoss(), optimizer,
                           batch_size=BATCH, end_trigger=CallingTrigger(MaxIteration(iterations)),
                           seed=SEED,
@@ -155,6 +181,10 @@ def main() -> None:
     p.add_argument("--slow-partition", type=int, help="this partition's tasks take 0.4 s more (-1: every partition's)")
     p.add_argument("--slow-executor", help="the tasks of the executor under this worker "
                    "directory (a standalone worker's --work-dir name) take 1.5 s more")
+    p.add_argument("--slow-seconds", type=float, default=1.5,
+                   help="how much slower --slow-executor's training tasks are")
+    p.add_argument("--changing-partition", type=int, help="this partition gives other "
+                   "samples from its second computation on (with --marker)")
     p.add_argument("--encrypt-io", action="store_true", help="spark.io.encryption.enabled")
     p.add_argument("--conf", action="append", default=[], help="KEY=VALUE, a Spark setting")
     p.add_argument("--warm-executors", type=int, help="wait for this many executors and "
@@ -165,7 +195,8 @@ def main() -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     import logging
 
-    logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO,
+                        format="%(relativeCreated)d %(name)s %(levelname)s %(message)s")
     from conftest import spark_builder
 
     builder = spark_builder(args.master).config("spark.executor.memory", "768m")
@@ -192,7 +223,7 @@ def main() -> None:
     if args.slow_partition is not None:
         criterion = SlowPartitionLoss(args.slow_partition)
     if args.slow_executor:
-        criterion = SlowExecutorLoss(args.slow_executor)
+        criterion = SlowExecutorLoss(args.slow_executor, args.slow_seconds)
     sizes = [int(n) for n in args.sizes.split(",")]
     scan = None
     if args.scan_local_dir:
@@ -209,7 +240,9 @@ def main() -> None:
         scan = scan_disks
     started = time.perf_counter()
     trained, opt = train(sc, args.iterations, criterion, args.checkpoint, args.allreduce,
-                         args.validation, sizes, scan, args.tables)
+                         args.validation, sizes, scan, args.tables,
+                         None if args.changing_partition is None else
+                         (args.changing_partition, args.marker))
     print(f"train_seconds={time.perf_counter() - started:.2f}")
     if args.secure:  # inference too: an Arrow UDF over a DataFrame on the secured cluster
         from sparkdl import NNClassifierModel
@@ -225,6 +258,9 @@ def main() -> None:
     print(f"validations={[v.metrics for v in opt.summary.validations]}")
     print(f"shards_rebuilt={opt.summary.shards_rebuilt}")
     print(f"placement_misses={opt.summary.placement_misses}")
+    print(f"replicas_built={opt.summary.replicas_built}")
+    print(f"executors_avoided={opt.summary.executors_avoided}")
+    print("task_executors=" + json.dumps([r.executors for r in opt.summary.iterations]))
     spark.stop()
 
 

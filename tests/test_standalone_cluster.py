@@ -82,11 +82,11 @@ class StandaloneCluster:
     """A master and workers as child process groups; :meth:`stop` kills the groups."""
 
     def __init__(self, tmp, workers: int, env: dict[str, str],
-                 hosts: tuple[str, ...] = ()) -> None:
+                 hosts: tuple[str, ...] = (), cores: int = 1) -> None:
         import pyspark
 
         self.spark_class = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
-        self.tmp, self.env, self.procs = tmp, env, []
+        self.tmp, self.env, self.procs, self.cores = tmp, env, [], cores
         self.port = free_port()
         self.url = f"spark://127.0.0.1:{self.port}"
         self._start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
@@ -97,13 +97,13 @@ class StandaloneCluster:
         self._wait_for_workers(workers)
 
     def add_worker(self, i: int, wait: bool = True, host: str = "127.0.0.1") -> None:
-        """Start worker ``i`` (one core, work directory ``tmp/worker<i>``) on ``host`` (another
+        """Start worker ``i`` (``cores`` cores, work directory ``tmp/worker<i>``) on ``host`` (another
         loopback address, 127.0.0.2, makes it another host to Spark's scheduler)."""
         work = self.tmp / f"worker{i}"
         work.mkdir()
         self.workers[i] = self._start(
             f"worker{i}", "org.apache.spark.deploy.worker.Worker", self.url, "--host",
-            host, "--cores", "1", "--memory", "1536m", "--webui-port", str(free_port()),
+            host, "--cores", str(self.cores), "--memory", "1536m", "--webui-port", str(free_port()),
             "--work-dir", str(work))
         if wait:
             self._wait_for_workers(len(self.workers))

@@ -44,23 +44,30 @@ def copies_started(tmp_path) -> int:
     return count
 
 
-def run_with_slow_executor(tmp_path, speculation: bool, slow: bool = True
+def run_with_slow_executor(tmp_path, speculation: bool, slow: bool = True, replicas: int = 1,
+                           iterations: int = ITERATIONS, seconds: float = 1.5, cores: int = 1,
+                           settings: dict[str, str] | None = None
                            ) -> tuple[SmallNet, str, str]:
-    """The cluster job on two one-core workers, worker1's tasks slow (unless ``slow`` is
-    false); returns the weights, stdout and stderr."""
+    """The cluster job on two workers of ``cores`` cores, worker1's tasks ``seconds`` slower
+    (unless ``slow`` is false), each training shard held by ``replicas`` executors,
+    ``settings`` in place of :data:`SPECULATION` when given; returns the weights, stdout and
+    stderr."""
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
                SPARK_NO_DAEMONIZE="1",
                PYTHONPATH=os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH"))
                                           if p))
-    cluster = StandaloneCluster(tmp_path, workers=2, env=env, hosts=("127.0.0.1", "127.0.0.2"))
+    cluster = StandaloneCluster(tmp_path, workers=2, env=env, hosts=("127.0.0.1", "127.0.0.2"),
+                                cores=cores)
     out = tmp_path / "weights.pt"
-    settings = {"spark.executor.cores": "1", **(SPECULATION if speculation else {})}
+    settings = {"spark.executor.cores": str(cores),
+                **((settings or SPECULATION) if speculation else {}),
+                "spark.sparkdl.shardReplicas": str(replicas)}
     confs = [a for k, v in settings.items() for a in ("--conf", f"{k}={v}")]
     try:
         proc = subprocess.run(
             [sys.executable, os.path.join(HERE, "cluster_job.py"), cluster.url, str(out),
-             "--iterations", str(ITERATIONS), "--sizes", ",".join(map(str, SIZES)),
-             "--warm-executors", "2",
+             "--iterations", str(iterations), "--sizes", ",".join(map(str, SIZES)),
+             "--warm-executors", "2", "--slow-seconds", str(seconds),
              *(["--slow-executor", "worker1"] if slow else []), *confs],
             capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     finally:

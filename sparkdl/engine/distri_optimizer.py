@@ -87,6 +87,9 @@ def _count_rebuilds(summary: TrainingSummary, held: list[Any]) -> None:
     misses = sum(h.placement_misses for h in held)
     summary.shards_rebuilt += rebuilt
     summary.placement_misses += misses
+    summary.replicas_built += sum(getattr(h, "replicas_built", 0) for h in held)
+    summary.executors_avoided += sum(h.placement.slow.avoidances for h in held
+                                     if getattr(h, "placement", None) is not None)
     if rebuilt:
         log.info("%d shards were rebuilt during the run (%d of them for tasks that ran where "
                  "their shard was not)", rebuilt, misses)

@@ -28,7 +28,9 @@ class IterationRecord:
     the scaled gradient had inf or NaN values. Memory:
     the driver's resident set after the update and the largest Python worker's after its task,
     in bytes. ``shards_rebuilt``: training shards built again during this iteration (after a
-    placement miss or a lost executor; see :mod:`sparkdl.runners.cached_rdd`)."""
+    placement miss or a lost executor; see :mod:`sparkdl.runners.cached_rdd`). ``executors``:
+    where each partition's vector was computed (``executor_<host>_<id>``; empty where that is
+    not known, e.g. local mode)."""
 
     iteration: int
     epoch: int
@@ -52,6 +54,7 @@ class IterationRecord:
     loss_scale: float = 0.0
     step_skipped: bool = False
     shards_rebuilt: int = 0
+    executors: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -68,12 +71,17 @@ class TrainingSummary:
     """Everything recorded during training, in order; and over this driver's run (a resumed run
     counts from its resume): ``shards_rebuilt``, the training and validation shards built
     again, and ``placement_misses``, the tasks that ran where their shard was not (each cost
-    the rebuild of that one shard)."""
+    the rebuild of that one shard); with ``spark.sparkdl.shardReplicas`` >= 2,
+    ``replicas_built``, the replica shards built (after the first build and again after a lost
+    executor), and ``executors_avoided``, how many times an executor found slow had its tasks
+    sent elsewhere (:mod:`sparkdl.runners.slow_executors`)."""
 
     iterations: list[IterationRecord] = field(default_factory=list)
     validations: list[ValidationRecord] = field(default_factory=list)
     shards_rebuilt: int = 0
     placement_misses: int = 0
+    replicas_built: int = 0
+    executors_avoided: int = 0
 
     def to_pandas(self) -> Any:
         """One row per iteration (needs pandas)."""

@@ -424,7 +424,9 @@ class TrainingLoop:
             driver_rss_bytes=current_rss_bytes(),
             worker_rss_bytes=max((r.rss_bytes for r in result.reports), default=0),
             loss_scale=self._used_scale,
-            step_skipped=self._skipped, shards_rebuilt=rebuilt, **spans)
+            step_skipped=self._skipped, shards_rebuilt=rebuilt,
+            executors={r.partition: r.executor for r in result.reports
+                       if getattr(r, "executor", "")}, **spans)
         self.ctx.summary.iterations.append(record)
         return record
 

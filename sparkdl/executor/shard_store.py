@@ -45,6 +45,7 @@ from ..data.batch_plan import local_permutation
 from ..errors import permanent_report
 from ..data.ragged import Ragged
 from ..data.records import convert_records
+from .executor_identity import executor_location
 from .worker_cache import WorkerCache
 
 __all__ = ["SHARD_PLACES", "Shard", "ShardSummary", "summarize_arrays", "build_shard", "open_shard", "drop_run",
@@ -76,6 +77,9 @@ class ShardSummary:
     sample_features: list[np.ndarray] = field(default_factory=list)
     sample_labels: np.ndarray | None = None
     executor_dir: str = ""
+    nbytes: int = 0             # the shard's arrays, as held (disk files or worker memory)
+    executor: str = ""          # where it was built, "executor_<host>_<id>" ("" if unknown:
+    # sparkdl.executor.executor_identity)
     error: str | None = None
     content_hash: str = ""      # of the partition's arrays: a rebuild must reproduce it
     fatal: tuple[str, str] | None = None   # a permanent sparkdl error (class name, message)
@@ -248,6 +252,8 @@ def build_shard(data_key: str, partition: int, records: Iterable[Any],
             pass
         return ShardSummary(partition=partition, error=str(exc), fatal=fatal)
     summary = summarize_arrays(partition, feats, labels)
+    summary.executor = executor_location()
+    summary.nbytes = int(sum(_nbytes(a) for a in [*feats, labels]))
     if place == "memory":
         _SHARDS.put((data_key, partition), Shard(feats, labels))
         return summary
@@ -256,6 +262,13 @@ def build_shard(data_key: str, partition: int, records: Iterable[Any],
     _save_arrays(directory, feats, labels)
     _SHARDS.put((data_key, partition), _load_arrays(directory))
     return summary
+
+
+def _nbytes(array: Any) -> int:
+    """Bytes of an array, or of a ragged input's values and offsets."""
+    if isinstance(array, Ragged):
+        return int(array.values.nbytes + array.offsets.nbytes)
+    return int(getattr(array, "nbytes", 0))
 
 
 def open_shard(data_key: str, partition: int) -> Shard | None:

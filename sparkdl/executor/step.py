@@ -85,6 +85,7 @@ class TaskReport:
     table_rows: dict[int, Rows] | None = None   # the embedding tables' gradient rows, by
     # parameter index (sparkdl.transport.table_rows); the shuffle moves them into its blocks
     full_read: bool = False    # the replica read the full weights (new, restarted or evicted)
+    executor: str = ""         # where it ran, "executor_<host>_<id>" ("" if unknown)
 
 
 @dataclass(frozen=True)

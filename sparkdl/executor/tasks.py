@@ -29,6 +29,7 @@ from ..errors import SparkdlError, permanent_report
 from ..metrics import ValidationMetric
 from ..transport.weight_refresh import Refresh
 from .devices import task_device
+from .executor_identity import executor_location
 from .live_runs import LiveRuns, evict_finished
 from .replicas import Replica, drop_replica, get_replica
 from .shard_store import ShardSummary, build_shard, drop_run, open_shard
@@ -97,6 +98,7 @@ class GradientTask:
                 raise
             return None, TaskReport(partition=partition, attempt=task_attempt(), fatal=fatal)
         report.device = f"{choice.device} ({choice.reason})"
+        report.executor = executor_location()
         return vector, report
 
 
@@ -115,6 +117,7 @@ class PassReport:
     started_at: float = 0.0
     finished_at: float = 0.0
     full_read: bool = False
+    executor: str = ""
     fatal: tuple[str, str] | None = None
     table_rows: dict[tuple[int, int], Any] | None = None
     """Every fit's embedding tables' rows, keyed ``(fit, parameter)`` (taken out of the fits'
@@ -154,7 +157,8 @@ class PassGradientTask:
                             missing_shard=any(r.missing_shard for r in reports),
                             started_at=min((r.started_at for r in reports), default=0.0),
                             finished_at=max((r.finished_at for r in reports), default=0.0),
-                            full_read=any(r.full_read for r in reports))
+                            full_read=any(r.full_read for r in reports),
+                            executor=executor_location())
         bounds = np.concatenate([[0], np.cumsum(self.sizes)]).tolist()
         report.absent = tuple((bounds[k], bounds[k + 1]) for k, (part, _) in enumerate(results)
                               if part is None)

@@ -28,6 +28,18 @@ Every rebuilt shard is checked against the first build (sample count and content
 RDD that does not give back the same samples is a :class:`~sparkdl.errors.TrainingDataError`.
 Rebuilt shards and misses are counted (``shards_rebuilt``, ``placement_misses``) for the
 training summary.
+
+With ``replicas`` r >= 2 (``spark.sparkdl.shardReplicas``, training data only) each shard is
+also built on r - 1 other executors right after the build: a job over the cartesian product of a
+:func:`~sparkdl.runners.targeted_rdd.targeted_rdd` of the partition numbers with the user's RDD,
+running only its diagonal (partition p with partition p), so each replica task runs where its
+replica should be (the targeted side's preference) and reads partition p's lineage there, in one
+Python worker. (The product has P * P partitions, of which P run: a few tens of MB of partition
+objects on the driver at a thousand partitions.)
+Every replica must have the first build's count and content hash, or the fit stops with an
+error naming the partition. Iteration jobs then run over a targeted RDD preferring each shard's
+healthy holders (:mod:`sparkdl.runners.shard_placement`, which also learns which executors are
+slow), not over the index RDD; replicas lost with an executor are built again on others.
 """
 
 from __future__ import annotations
@@ -35,14 +47,20 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 from typing import Any
 
 from pyspark import RDD, StorageLevel
 
+from ..errors import TrainingDataError, raise_reported
 from ..executor.shard_store import ShardSummary
+from ..executor.replica_build import ReplicaBuildTask
 from ..executor.tasks import CleanupTask, FillTask
 from ..transport.allreduce import with_resources
 from .held_data import HeldData, check_unchanged
+from .shard_placement import ShardPlacement, executor_id
+from .slow_executors import TaskTiming
+from .targeted_rdd import targeted_rdd
 
 __all__ = ["CachedData", "check_unchanged", "clean_workers", "driver_memory_reason",
            "lost_data_reason", "memory_kill_reason",
@@ -108,6 +126,36 @@ def _rows(rows: Any) -> Any:
     return rows
 
 
+def _size(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.1f} MiB" if nbytes >= 1 << 20 else f"{nbytes / 1024:.1f} KiB"
+
+
+def _below_python(rdd: RDD) -> tuple[RDD, Any]:
+    """``rdd`` as the JVM RDD under its pipelined Python functions and those functions (a
+    ``PipelinedRDD``'s ``_prev_jrdd`` and ``func``, partitions unchanged), or ``(rdd, None)``."""
+    func, below = getattr(rdd, "func", None), getattr(rdd, "_prev_jrdd", None)
+    if func is None or below is None or rdd._is_barrier():
+        return rdd, None
+    return RDD(below, rdd.ctx, rdd._prev_jrdd_deserializer), func
+
+
+def check_replica(name: str, first: ShardSummary, replica: ShardSummary) -> None:
+    """A replica must hold exactly the samples of the shard built first."""
+    if (first.count, first.content_hash) == (replica.count, replica.content_hash):
+        return
+    what = (f"{first.count} samples in the first shard, {replica.count} in the replica"
+            if first.count != replica.count else
+            "the same number of samples with other contents")
+    raise TrainingDataError(
+        f"Partition {replica.partition} of the {name} data gave a replica shard that differs "
+        f"from the shard built first ({what}; content hash {first.content_hash[:12]} against "
+        f"{replica.content_hash[:12]}), so the replica is refused: the input RDD is not "
+        "deterministic (random sampling without a seed, an unordered source, a "
+        "nondeterministic UDF, files that changed). Make it deterministic (cache() or "
+        "checkpoint() it before training, sort it, seed its sampling), or train without "
+        "replicas (spark.sparkdl.shardReplicas=1).")
+
+
 class CachedData(HeldData):
     """An RDD of ``(features, label)`` pairs held as shards on the executors (RDD jobs;
     everything else is :class:`~sparkdl.runners.held_data.HeldData`'s).
@@ -120,10 +168,17 @@ class CachedData(HeldData):
     source = "the RDD lineage"
 
     def __init__(self, rdd: RDD, float_dtype: str, name: str, place: str = "disk",
-                 ragged: tuple[int, ...] = ()) -> None:
+                 ragged: tuple[int, ...] = (), replicas: int = 1) -> None:
         super().__init__(float_dtype, name, place, ragged)
         self.rdd = rdd
         self.index_rdd: RDD | None = None
+        self.replicas = replicas
+        self.placement: ShardPlacement | None = None
+        self.replicas_built = 0
+        self._locations: dict[str, str] = {}     # executor id -> its location, as tasks say it
+        self._targeted: tuple[Any, RDD] | None = None
+        self._alive_now: list[str] = []           # as of the last iteration
+        self._replicated = False
 
     @property
     def num_partitions(self) -> int:
@@ -140,6 +195,157 @@ class CachedData(HeldData):
         self.index_rdd.localCheckpoint()
         return self.index_rdd.collect()
 
+    def build(self) -> list[ShardSummary]:
+        summaries = super().build()
+        self.placement, self._targeted, self._replicated = None, None, False
+        if self.replicas > 1:
+            self._place(summaries)
+        return summaries
+
+    def _alive(self) -> list[str]:
+        """The executors alive now, as ``executor_<host>_<id>`` (the spelling their tasks use
+        where known), in the order Spark lists them."""
+        store = self.rdd.context._jsc.sc().statusStore()
+        listed = store.executorList(True)
+        alive = []
+        for k in range(listed.size()):
+            executor = listed.apply(k)
+            eid = executor.id()
+            if eid == "driver":
+                continue
+            host = executor.hostPort().rsplit(":", 1)[0]
+            alive.append(self._locations.get(eid, f"executor_{host}_{eid}"))
+        return alive
+
+    def _learn(self, location: str) -> None:
+        if location:
+            self._locations[executor_id(location)] = location
+
+    def _place(self, summaries: list[ShardSummary]) -> None:
+        for s in summaries:
+            self._learn(s.executor)
+        unknown = [s.partition for s in summaries if s.count and not s.executor]
+        alive = self._alive()
+        if unknown or len(alive) < 2:
+            log.warning("spark.sparkdl.shardReplicas=%d: %s; the %s shards are held once and "
+                        "Spark places their tasks", self.replicas,
+                        "fewer than two executors" if len(alive) < 2 else
+                        f"the executors of partitions {unknown[:8]} are unknown (no /proc)",
+                        self.name)
+            return
+        self.placement = ShardPlacement(self.replicas)
+        self._alive_now = alive
+        for s in summaries:
+            if s.count:
+                self.placement.hold(s.partition, s.executor)
+        self._build_replicas()
+
+    def _holders_text(self) -> str:
+        """How many executors hold each shard, and the shard bytes that makes per executor."""
+        assert self.placement is not None
+        counts = sorted({len(h) for p, h in self.placement.holders.items()
+                         if self.summaries[p].count})
+        held: dict[str, int] = {}
+        for p, where in self.placement.holders.items():
+            for h in where:
+                held[h] = held.get(h, 0) + self.summaries[p].nbytes
+        return ((" or ".join(f"{c} executors" for c in counts) or "no executor")
+                + f"; {_size(sum(held.values()))} of shards in all, at most "
+                f"{_size(max(held.values(), default=0))} on one executor, against "
+                f"{_size(sum(s.nbytes for s in self.summaries))} held once")
+
+    def _holders_list(self) -> str:
+        assert self.placement is not None
+        return "; ".join(f"{p}: {', '.join(h)}" for p, h in sorted(self.placement.holders.items()))
+
+    def _build_replicas(self) -> None:
+        """Build the replicas :meth:`ShardPlacement.wanted` asks for (one job) and apply them:
+        each replica checked against the shard built first (a differing one stops the fit,
+        naming its partition), its executor added to the partition's holders. A job that fails
+        is logged and tried again after the next iteration."""
+        assert self.placement is not None
+        targets = self.placement.wanted({s.partition: s.count for s in self.summaries},
+                                        self._alive())
+        if not targets:
+            return
+        started = time.perf_counter()
+        try:
+            replicas = self._replica_job(targets)
+        except Exception as exc:
+            if "py4j" not in type(exc).__module__ and "Py4J" not in type(exc).__name__:
+                raise
+            log.warning("building replicas of the %s shards failed (%s); trying again after "
+                        "the next iteration", self.name, str(exc).strip().splitlines()[0][:300])
+            return
+        raise_reported(replicas, f"building replicas of the {self.name} shards")
+        for replica in replicas:
+            check_replica(self.name, self.summaries[replica.partition], replica)
+            self._learn(replica.executor)
+            self.placement.hold(replica.partition, replica.executor)
+        self.replicas_built += len(replicas)
+        self._targeted = None
+        log.info("%s data: %d replica shards built%s in %.2f s; every shard is held by %s "
+                 "(partition: holders, first built first: %s)", self.name, len(replicas),
+                 " again" if self._replicated else "", time.perf_counter() - started,
+                 self._holders_text(), self._holders_list())
+        self._replicated = True
+
+    def _replica_job(self, targets: dict[int, str]) -> list[ShardSummary]:
+        """One job building partition p's shard again on ``targets[p]``: the cartesian product
+        of a targeted RDD (where each task should run) with the user's RDD, diagonal only."""
+        sc, width = self.rdd.context, self.num_partitions
+        where = [[targets[p]] if p in targets else [] for p in range(width)]
+        source, lineage = _below_python(self.rdd)
+        product = targeted_rdd(sc, list(range(width)), where).cartesian(source)
+        build = self.builder
+        job = product.mapPartitionsWithIndex(ReplicaBuildTask(
+            build.data_key, width, build.float_dtype, build.place, build.ragged, build.live,
+            lineage))
+        return sorted(sc.runJob(job, _rows, [p * width + p for p in sorted(targets)]),
+                      key=lambda s: s.partition)
+
+    def iteration_rdd(self) -> RDD:
+        """What an iteration's job runs over: the index RDD, or with replicas a targeted RDD
+        preferring each shard's healthy holders (kept while the preferences stay the same)."""
+        assert self.index_rdd is not None
+        if self.placement is None:
+            return self.index_rdd
+        prefs = self.placement.preferences(self.num_partitions, self._alive_now)
+        key = tuple(tuple(p) for p in prefs)
+        if self._targeted is None or self._targeted[0] != key:
+            if self._targeted is not None:
+                log.info("%s tasks now go to: %s", self.name,
+                         "; ".join(f"{p}: {' or '.join(w) or 'anywhere'}"
+                                   for p, w in enumerate(prefs)))
+            self._targeted = (key, targeted_rdd(self.rdd.context,
+                                                list(range(self.num_partitions)), prefs))
+        return self._targeted[1]
+
+    def record_holder(self, partition: int, summary: ShardSummary) -> None:
+        """A fill built ``partition``'s shard where its task ran: that executor holds it."""
+        if self.placement is not None:
+            self._learn(summary.executor)
+            self.placement.hold(partition, summary.executor)
+
+    def after_iteration(self, reports: list[Any]) -> None:
+        """Learn from an iteration's tasks (where they ran, how long they took), forget the
+        holders on executors that have left and build their replicas again elsewhere."""
+        if self.placement is None:
+            return
+        for r in reports:
+            self._learn(getattr(r, "executor", ""))
+        timings = [TaskTiming(r.partition, r.executor, max(0.0, r.finished_at - r.started_at),
+                              r.attempt) for r in reports if getattr(r, "executor", "")]
+        for event in self.placement.slow.observe(timings, self.placement.holders):
+            log.warning("%s tasks: %s", self.name, event)
+        self._alive_now = self._alive()
+        lost = self.placement.forget_lost(self._alive_now)
+        if lost:
+            log.warning("executors %s have left; the replicas they held are built again on "
+                        "other executors", lost)
+            self._targeted = None
+        self._build_replicas()
+
     def _fill(self, partitions: list[int], task: Any, resources: Any
               ) -> dict[int, tuple[ShardSummary, Any]]:
         fill = FillTask(self.builder, task)
@@ -153,6 +359,10 @@ class CachedData(HeldData):
             return
         self.index_rdd.unpersist(blocking=False)
         self.index_rdd = None
+        self._targeted = None
+        if self.placement is not None:
+            log.info("%s shards' holders at the end (partition: holders): %s", self.name,
+                     self._holders_list())
         dirs = {s.executor_dir for s in self.summaries if s.executor_dir}
         for d in dirs:  # in local mode the executor's files are on this machine
             shutil.rmtree(os.path.join(d, self.data_key), ignore_errors=True)

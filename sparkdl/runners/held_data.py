@@ -111,6 +111,9 @@ class HeldData:
                  self.name, sum(s.count for s in self.summaries), len(self.summaries))
         return self.summaries
 
+    def record_holder(self, partition: int, summary: ShardSummary) -> None:
+        """A fill built ``partition``'s shard where its task ran (nothing to note here)."""
+
     def rebuild(self, reason: str) -> None:
         """Build all shards again (``reason`` goes to the log) and check that the input gave
         back the same samples: a nondeterministic input would silently train on other data."""
@@ -142,6 +145,8 @@ class HeldData:
             if summary.error is not None:
                 raise TrainingDataError(f"Partition {p} of the {self.name} data failed when its "
                                         f"shard was rebuilt: {summary.error}")
+        for p, (summary, _) in sorted(rows.items()):
+            self.record_holder(p, summary)
         log.info("%s partitions %s ran where their shard was not; built those %d shards where "
                  "their tasks ran (%d shards rebuilt so far)", self.name, wanted, len(rows),
                  self.shards_rebuilt)

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..executor.live_runs import live_runs, new_key, release_key
-from ..spark_settings import spark_setting, speculation_never_fires
+from ..spark_settings import shard_replicas, spark_setting, speculation_never_fires
 from .cached_rdd import (CachedData, clean_workers, lost_data_reason, memory_kill_reason,
                          shard_place)
 from .held_data import complete_misses, not_found
@@ -129,7 +129,14 @@ class SparkRddRunner:
         if place == "memory":
             log.info("spark.io.encryption.enabled: the %s shards stay in the Python workers' "
                      "memory (nothing is written to the executors' disks)", name)
-        cached = CachedData(data, float_dtype, name, place, ragged)
+        replicas = 1
+        if name == "training":
+            replicas = shard_replicas(lambda k: spark_setting(self.spark_context, k))
+            if replicas > 1 and self._local_master():
+                log.warning("spark.sparkdl.shardReplicas=%d has no effect on a local master "
+                            "(one executor holds every shard)", replicas)
+                replicas = 1
+        cached = CachedData(data, float_dtype, name, place, ragged, replicas)
         self._held.append(cached)
         cached.build()
         if name == "training" and not self._speculation_checked:
@@ -212,10 +219,11 @@ class SparkRddRunner:
             task = PassGradientTask(data.data_key, tasks, sizes,
                                     fits[0].layout.numpy_dtype.str, live=live)
             allreduce = self._pass_allreduce([number for number, _, _ in entries], sizes, data)
-        result = allreduce.run(data.index_rdd, task, self._resources)
+        result = allreduce.run(data.iteration_rdd(), task, self._resources)
         result = complete_misses(
             result, lambda missing: data.fill(missing, task, self._resources),
             allreduce.complete, data.num_partitions)
+        data.after_iteration(result.reports)
         for fit in fits:
             fit.publisher.settle()
         result.broadcast_s = broadcast_s
