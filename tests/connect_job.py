@@ -291,6 +291,18 @@ def fills_phase(spark, data_dir, out, results):
     torch.save(model.state_dict(), f"{out}/fills_classifier.pt")
 
 
+def hold_the_connect_port() -> None:
+    """Wait until no other process of this machine runs a local Connect server, and keep it so
+    until this process ends: ``remote("local[2]")`` serves on port 15002 and its client connects
+    there, so two at once (CI runs two pyspark versions' tests side by side) fail to bind."""
+    import fcntl
+
+    path = os.environ.get("SPARKDL_CONNECT_LOCK", "/tmp/sparkdl-connect-15002.lock")
+    handle = open(path, "a")
+    fcntl.flock(handle, fcntl.LOCK_EX)          # released when this process exits
+    hold_the_connect_port.handle = handle       # type: ignore[attr-defined]
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("data_dir")
@@ -298,6 +310,7 @@ def main():
     parser.add_argument("--phase", default="main", choices=["main", "fills"])
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
+    hold_the_connect_port()
     from pyspark.sql import SparkSession
 
     builder = (SparkSession.builder.remote("local[2]")
@@ -307,9 +320,17 @@ def main():
                .config("spark.ui.showConsoleProgress", "false"))
     if args.phase == "fills":
         builder = (builder.config("spark.python.worker.reuse", "false")
-                   .config("spark.io.encryption.enabled", "true"))
+                   .config("spark.io.encryption.enabled", "true")
+                   .config("spark.sparkdl.shardReplicas", "2"))
     spark = builder.getOrCreate()
     results = {"connect": type(spark).__module__}
+
+    class Replicas(logging.Handler):          # what the fits say of shardReplicas
+        def emit(self, record):
+            if "shardReplicas" in record.getMessage():
+                results.setdefault("replicas_said", []).append(record.getMessage())
+
+    logging.getLogger("sparkdl").addHandler(Replicas())
     os.makedirs(args.out, exist_ok=True)
     try:
         (main_phase if args.phase == "main" else fills_phase)(spark, args.data_dir, args.out,

@@ -162,9 +162,14 @@ def test_bad_input_and_the_engine_api_give_clear_errors_under_connect(connect_ru
 
 def test_missing_shards_are_filled_and_the_result_is_unchanged(spark, fills_run):
     """A server whose Python workers are never reused and keep shards in memory only: every
-    task misses its shard, fill jobs build it, and the weights are still the classic ones."""
+    task misses its shard, fill jobs build it, and the weights are still the classic ones.
+    Shard replicas asked for there are refused with a warning (Connect cannot place tasks)."""
     data_dir, out, results = fills_run
     assert results["fills_misses"] >= 2 * 2            # every partition of every iteration
+    # spark.sparkdl.shardReplicas=2 on this server: not applied, and each fit says so
+    said = results["replicas_said"]
+    assert said and all("spark.sparkdl.shardReplicas=2 is not applied under Spark Connect" in m
+                        for m in said), said
     assert results["fills_rebuilt"] == results["fills_misses"]
     net, _ = job.engine_shuffle(spark, data_dir, connect=False, iterations=2)
     assert bitwise_equal(net.state_dict(), _weights(out, "fills_shuffle.pt"))

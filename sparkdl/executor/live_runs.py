@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import uuid
@@ -91,9 +92,13 @@ def evict_finished(live: LiveRuns | None) -> None:
     """Drop this worker's replicas, shards and payloads of runs that ``live`` says ended."""
     if live is None:
         return
-    from . import exchange, replicas, shard_store
+    from . import shard_store
 
-    for run_key in {k[0] for k in replicas._REPLICAS.keys()}:
+    # a worker that never imported the replicas or exchange modules holds none of theirs:
+    # importing them here would import torch into a worker that builds shards only
+    replicas = sys.modules.get(f"{__package__}.replicas")
+    exchange = sys.modules.get(f"{__package__}.exchange")
+    for run_key in {k[0] for k in replicas._REPLICAS.keys()} if replicas else ():
         if _finished(run_key, live):
             replicas.drop_replica(run_key)
     root = shard_store.shard_root()
@@ -101,6 +106,6 @@ def evict_finished(live: LiveRuns | None) -> None:
     for data_key in {k[0] for k in shard_store._SHARDS.keys()} | set(on_disk):
         if _finished(data_key, live):
             shard_store.drop_run(data_key)
-    for key in list(exchange._READ.keys()):
+    for key in list(exchange._READ.keys()) if exchange else ():
         if _finished(str(key).split(":", 1)[0], live):
             exchange._READ.pop(key)

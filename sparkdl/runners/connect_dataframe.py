@@ -58,6 +58,7 @@ from ..executor.shard_store import ShardSummary
 from ..executor.step import StepSpec
 from ..executor.tasks import EvaluationTask, GradientTask, PassGradientTask
 from ..metrics import ValidationMetric
+from ..spark_settings import SHARD_REPLICAS
 from ..storage.arrow_files import ArrowFiles
 from ..transport.allreduce import (AllReduceResult, DriverAllReduce, block_bounds,
                                   choose_allreduce, reported_absent, sum_in_order)
@@ -230,6 +231,15 @@ class ConnectDataFrameRunner:
                         "Python workers' memory, as with encryption on", exc)
             encryption = "true"
         place = shard_place({"spark.io.encryption.enabled": encryption})
+        if name == "training":
+            try:
+                replicas = str(self.spark.conf.get(SHARD_REPLICAS, "1"))
+            except Exception:       # a server that does not say: nothing asked for
+                replicas = "1"
+            if replicas.strip() not in ("", "1"):
+                log.warning("%s=%s is not applied under Spark Connect (its DataFrame jobs "
+                            "cannot send a task to a chosen executor): each training shard is "
+                            "held once and Spark places the tasks", SHARD_REPLICAS, replicas)
         held = ConnectData(data, float_dtype, name, place, ragged)
         self._held.append(held)
         held.build()
