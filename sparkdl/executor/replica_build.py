@@ -21,7 +21,15 @@ from typing import Any, Callable, Iterator
 from .live_runs import LiveRuns, evict_finished
 from .shard_store import ShardSummary, build_shard
 
-__all__ = ["ReplicaBuildTask"]
+__all__ = ["ReplicaBuildTask", "as_collected"]
+
+
+def as_collected(rows: Iterator[Any]) -> Iterator[Any]:
+    """The replica job's ``runJob`` function: its rows as they are. It lives here, not in the
+    driver's module, because Spark ships it to the tasks by reference: unpickling a function of
+    :mod:`sparkdl.runners` imports that package (pandas, pyspark.ml, torch), 1-3 s in a fresh
+    Python worker."""
+    return rows
 
 
 @dataclass

@@ -54,7 +54,7 @@ from pyspark import RDD, StorageLevel
 
 from ..errors import TrainingDataError, raise_reported
 from ..executor.shard_store import ShardSummary
-from ..executor.replica_build import ReplicaBuildTask
+from ..executor.replica_build import ReplicaBuildTask, as_collected
 from ..executor.tasks import CleanupTask, FillTask
 from ..transport.allreduce import with_resources
 from .held_data import HeldData, check_unchanged
@@ -301,7 +301,7 @@ class CachedData(HeldData):
         job = product.mapPartitionsWithIndex(ReplicaBuildTask(
             build.data_key, width, build.float_dtype, build.place, build.ragged, build.live,
             lineage))
-        return sorted(sc.runJob(job, _rows, [p * width + p for p in sorted(targets)]),
+        return sorted(sc.runJob(job, as_collected, [p * width + p for p in sorted(targets)]),
                       key=lambda s: s.partition)
 
     def iteration_rdd(self) -> RDD:
