@@ -50,8 +50,9 @@ def executor_dirs(sc):
 
 
 def warm_executors(sc, count: int, timeout: float = 120) -> None:
-    """Wait until ``count`` executors have registered, then run one task on each that imports
-    torch and sparkdl, so that no later task pays a cold Python worker. With speculation on, a
+    """Wait until ``count`` executors have registered, then run a task on each of their cores
+    (``spark.executor.cores``) that imports torch and sparkdl, so that no later task pays a
+    cold Python worker: an executor runs a Python worker per task running at once. With speculation on, a
     first task that takes seconds to import torch gets a copy on a warm executor; a copy that wins
     the shard build moves that shard (and its training tasks) to the other executor."""
     deadline = time.time() + timeout
@@ -68,9 +69,10 @@ def warm_executors(sc, count: int, timeout: float = 120) -> None:
         time.sleep(1.0)     # each task holds its executor's one core: the next goes elsewhere
         return [os.getcwd()]
 
+    slots = count * int(sc.getConf().get("spark.executor.cores", "1"))
     dirs: set[str] = set()
     for _ in range(3):    # a speculative copy may win a round on the other executor
-        dirs |= set(sc.parallelize(range(count), count).mapPartitions(load).collect())
+        dirs |= set(sc.parallelize(range(slots), slots).mapPartitions(load).collect())
         if len(dirs) >= count:
             return
     raise RuntimeError(f"the warm-up ran on {len(dirs)} of {count} executors: {sorted(dirs)}")

@@ -101,6 +101,38 @@ def test_a_bad_replica_count_is_refused_naming_the_value(value):
     assert shard_replicas(lambda key: "") == 1 and shard_replicas(lambda key: "2") == 2
 
 
+def _fails_on_partition_3(index, rows):
+    if index == 3:
+        raise ValueError("partition 3 is broken")
+    return rows
+
+
+def test_replica_jobs_have_one_task_each_and_carry_the_callers_job_group(sc):
+    """Replica builds run as single-task jobs (Spark never speculates a stage's only task),
+    from threads that carry the caller's local properties; rows in the order asked, and a
+    failing job's error raised."""
+    from sparkdl.executor.replica_build import as_collected
+    from sparkdl.runners.targeted_rdd import single_task_jobs
+
+    rdd = sc.parallelize(range(12), 6).map(lambda v: v * 10)
+    group = "sparkdl-test-single-task-jobs"
+    sc.setJobGroup(group, "single-task jobs")
+    try:
+        rows = single_task_jobs(sc, rdd, [4, 1, 5], as_collected, at_once=2)
+    finally:
+        for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
+            sc.setLocalProperty(key, None)
+    assert rows == [80, 90, 20, 30, 100, 110]
+    tracker = sc.statusTracker()
+    jobs = tracker.getJobIdsForGroup(group)
+    assert len(jobs) == 3
+    stages = [s for j in jobs for s in tracker.getJobInfo(j).stageIds]
+    assert [tracker.getStageInfo(s).numTasks for s in stages] == [1, 1, 1]
+    with pytest.raises(Exception, match="partition 3 is broken"):
+        single_task_jobs(sc, rdd.mapPartitionsWithIndex(_fails_on_partition_3), [0, 3, 5],
+                         as_collected)
+
+
 def holders_from_log(stderr: str, pattern: str = r"partition: holders, first built first: "
                      r"(.*)\)") -> dict[int, list[str]]:
     line = re.search(pattern, stderr).group(1)

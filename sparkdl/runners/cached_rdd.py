@@ -30,11 +30,11 @@ Rebuilt shards and misses are counted (``shards_rebuilt``, ``placement_misses``)
 training summary.
 
 With ``replicas`` r >= 2 (``spark.sparkdl.shardReplicas``, training data only) each shard is
-also built on r - 1 other executors right after the build: a job over the cartesian product of a
-:func:`~sparkdl.runners.targeted_rdd.targeted_rdd` of the partition numbers with the user's RDD,
-running only its diagonal (partition p with partition p), so each replica task runs where its
-replica should be (the targeted side's preference) and reads partition p's lineage there, in one
-Python worker. (The product has P * P partitions, of which P run: a few tens of MB of partition
+also built on r - 1 other executors right after the build: tasks over the cartesian product of
+a :func:`~sparkdl.runners.targeted_rdd.targeted_rdd` of the partition numbers with the user's
+RDD, running only its diagonal (partition p with partition p), so each replica task runs where
+its replica should be (the targeted side's preference) and reads partition p's lineage there, in
+one Python worker; each is a job of its own, so speculation never copies it. (The product has P * P partitions, of which P run: a few tens of MB of partition
 objects on the driver at a thousand partitions.)
 Every replica must have the first build's count and content hash, or the fit stops with an
 error naming the partition. Iteration jobs then run over a targeted RDD preferring each shard's
@@ -60,7 +60,7 @@ from ..transport.allreduce import with_resources
 from .held_data import HeldData, check_unchanged
 from .shard_placement import ShardPlacement, executor_id
 from .slow_executors import TaskTiming
-from .targeted_rdd import targeted_rdd
+from .targeted_rdd import single_task_jobs, targeted_rdd
 
 __all__ = ["CachedData", "check_unchanged", "clean_workers", "driver_memory_reason",
            "lost_data_reason", "memory_kill_reason",
@@ -120,10 +120,6 @@ def shard_place(conf: Any) -> str:
     ``"disk"`` otherwise (see :mod:`sparkdl.executor.shard_store`)."""
     enabled = str(conf.get("spark.io.encryption.enabled", "false") or "false")
     return "memory" if enabled.strip().lower() == "true" else "disk"
-
-
-def _rows(rows: Any) -> Any:
-    return rows
 
 
 def _size(nbytes: int) -> str:
@@ -265,7 +261,7 @@ class CachedData(HeldData):
         is logged and tried again after the next iteration."""
         assert self.placement is not None
         targets = self.placement.wanted({s.partition: s.count for s in self.summaries},
-                                        self._alive())
+                                        self._alive_now)
         if not targets:
             return
         started = time.perf_counter()
@@ -291,8 +287,11 @@ class CachedData(HeldData):
         self._replicated = True
 
     def _replica_job(self, targets: dict[int, str]) -> list[ShardSummary]:
-        """One job building partition p's shard again on ``targets[p]``: the cartesian product
-        of a targeted RDD (where each task should run) with the user's RDD, diagonal only."""
+        """Build partition p's shard again on ``targets[p]``: the cartesian product of a
+        targeted RDD (where each task should run) with the user's RDD, diagonal only, one
+        single-task job per replica so that speculation never copies a replica task (a copy
+        would run on a holder already, and the attempt it beat would hold its core and lose its
+        Python worker)."""
         sc, width = self.rdd.context, self.num_partitions
         where = [[targets[p]] if p in targets else [] for p in range(width)]
         source, lineage = _below_python(self.rdd)
@@ -301,8 +300,7 @@ class CachedData(HeldData):
         job = product.mapPartitionsWithIndex(ReplicaBuildTask(
             build.data_key, width, build.float_dtype, build.place, build.ragged, build.live,
             lineage))
-        return sorted(sc.runJob(job, as_collected, [p * width + p for p in sorted(targets)]),
-                      key=lambda s: s.partition)
+        return single_task_jobs(sc, job, [p * width + p for p in sorted(targets)], as_collected)
 
     def iteration_rdd(self) -> RDD:
         """What an iteration's job runs over: the index RDD, or with replicas a targeted RDD
@@ -351,7 +349,7 @@ class CachedData(HeldData):
         fill = FillTask(self.builder, task)
         rdd = with_resources(self.rdd.mapPartitionsWithIndex(fill), resources)
         return {summary.partition: (summary, result)
-                for summary, result in self.rdd.context.runJob(rdd, _rows, partitions)}
+                for summary, result in self.rdd.context.runJob(rdd, as_collected, partitions)}
 
     def release(self) -> None:
         """Unpersist the index RDD and delete the shard files this machine can reach."""

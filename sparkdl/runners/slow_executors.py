@@ -121,9 +121,10 @@ class SlowExecutors:
             self.probation.add(executor)
             self.streak[executor] = 0
             self.avoidances += 1
-            events.append(f"executor {executor} was slow in {'its first iteration back' if again else f'{self.rule.iterations} iterations in a row'}: "
-                          f"its partitions' tasks go to other executors for {cooldown} "
-                          "iterations")
+            when = ("its first iteration back" if again else
+                    f"{self.rule.iterations} iterations in a row")
+            events.append(f"executor {executor} was slow in {when}: its partitions' tasks go "
+                          f"to other executors for {cooldown} iterations")
         self.iteration += 1
         for executor, until in sorted(self.avoided_until.items()):
             if until == self.iteration:

@@ -8,20 +8,27 @@ through py4j (Scala 2.12 and 2.13 alike) and wraps it as a pyspark ``RDD`` of th
 elements. Spark keeps to the preferences as it does for cached blocks: a task waits up to
 ``spark.locality.wait`` for a preferred executor, then runs elsewhere.
 
+:func:`single_task_jobs` runs chosen partitions of an RDD as one job each, a few at once: Spark
+never starts a speculative copy of a stage's only task (unless
+``spark.speculation.task.duration.threshold`` is set), so a copy cannot land on an executor the
+driver did not choose, nor kill the Python worker of the attempt it beat.
+
 Example::
 
     rdd = targeted_rdd(sc, [0, 1], [["executor_10.0.0.7_1"], ["executor_10.0.0.8_2"]])
+    summaries = single_task_jobs(sc, rdd.map(build), [0, 1], keep)
 """
 
 from __future__ import annotations
 
 import pickle
-from typing import Any, Sequence
+import threading
+from typing import Any, Callable, Iterator, Sequence
 
-from pyspark import RDD
+from pyspark import RDD, InheritableThread
 from pyspark.serializers import BatchedSerializer, CPickleSerializer
 
-__all__ = ["targeted_rdd"]
+__all__ = ["single_task_jobs", "targeted_rdd"]
 
 
 def _scala_list(jvm: Any, items: Sequence[Any]) -> Any:
@@ -44,3 +51,41 @@ def targeted_rdd(sc: Any, items: Sequence[Any], locations: Sequence[Sequence[str
     jrdd = sc._jsc.sc().makeRDD(_scala_list(jvm, pairs), tag)
     return RDD(jvm.org.apache.spark.api.java.JavaRDD.fromRDD(jrdd, tag), sc,
                BatchedSerializer(CPickleSerializer(), 1))
+
+
+def single_task_jobs(sc: Any, rdd: RDD, partitions: Sequence[int],
+                     func: Callable[[Iterator[Any]], Iterator[Any]], at_once: int = 16
+                     ) -> list[Any]:
+    """``sc.runJob(rdd, func, [p])`` for each ``p`` of ``partitions``, at most ``at_once`` jobs
+    at a time (threads that carry the caller's local properties, as
+    :class:`pyspark.InheritableThread` does); the rows of all jobs, in the order of
+    ``partitions``. After a failure no further job starts, and the first error is raised once
+    the running ones end. ``func`` is shipped by reference: keep it in a light module."""
+    todo = list(partitions)
+    rows: dict[int, list[Any]] = {}
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def run() -> None:
+        while True:
+            with lock:
+                if errors or not todo:
+                    return
+                p = todo.pop(0)
+            try:
+                got = sc.runJob(rdd, func, [p])
+            except BaseException as exc:  # raised in the caller's thread below
+                with lock:
+                    errors.append(exc)
+                return
+            with lock:
+                rows[p] = got
+
+    threads = [InheritableThread(target=run) for _ in range(min(at_once, len(todo)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return [row for p in partitions for row in rows[p]]
