@@ -262,6 +262,7 @@ def main() -> None:
     print(f"placement_misses={opt.summary.placement_misses}")
     print(f"replicas_built={opt.summary.replicas_built}")
     print(f"executors_avoided={opt.summary.executors_avoided}")
+    print(f"shard_bytes={opt.summary.shard_bytes}")
     print("task_executors=" + json.dumps([r.executors for r in opt.summary.iterations]))
     spark.stop()
 

@@ -170,8 +170,14 @@ def test_a_slow_executor_hands_its_partitions_to_the_replica_holders(sc, tmp_pat
 
 @pytest.fixture(scope="module")
 def clean_run(sc):
-    trained, _ = cluster_job.train(sc)
-    return trained
+    return cluster_job.train(sc)      # the weights and the optimizer
+
+
+def test_the_summary_counts_the_shards_bytes(clean_run):
+    """Held once (local[2], no replicas): the arrays' bytes, six float32 features and an int64
+    label per sample. (With replicas every holder counts: the killed-executor test below.)"""
+    _, opt = clean_run
+    assert opt.summary.shard_bytes == sum(cluster_job.SIZES) * (6 * 4 + 8)
 
 
 @pytest.mark.cluster
@@ -199,7 +205,9 @@ def test_an_executor_killed_while_holding_replicas_has_them_rebuilt_elsewhere(cl
     first = int(re.search(r"(\d+) replica shards built in", proc.stderr).group(1))
     assert int(re.search(r"replicas_built=(\d+)", proc.stdout).group(1)) == \
         first + (int(again.group(1)) if again else 0)
-    assert bitwise_equal(model, clean_run)
+    assert int(re.search(r"shard_bytes=(\d+)", proc.stdout).group(1)) == \
+        2 * clean_run[1].summary.shard_bytes       # two holders of every shard at the end
+    assert bitwise_equal(model, clean_run[0])
 
 
 @pytest.mark.cluster

@@ -82,7 +82,8 @@ log = logging.getLogger("sparkdl")
 
 
 def _count_rebuilds(summary: TrainingSummary, held: list[Any]) -> None:
-    """Add this run's rebuilt shards and placement misses to the summary, and say so."""
+    """Add this run's rebuilt shards and placement misses to the summary, and say so; set the
+    bytes of the shards held on the executors."""
     rebuilt = sum(h.shards_rebuilt for h in held)
     misses = sum(h.placement_misses for h in held)
     summary.shards_rebuilt += rebuilt
@@ -90,6 +91,7 @@ def _count_rebuilds(summary: TrainingSummary, held: list[Any]) -> None:
     summary.replicas_built += sum(getattr(h, "replicas_built", 0) for h in held)
     summary.executors_avoided += sum(h.placement.slow.avoidances for h in held
                                      if getattr(h, "placement", None) is not None)
+    summary.shard_bytes = sum(getattr(h, "held_bytes", 0) for h in held)
     if rebuilt:
         log.info("%d shards were rebuilt during the run (%d of them for tasks that ran where "
                  "their shard was not)", rebuilt, misses)

@@ -74,7 +74,10 @@ class TrainingSummary:
     the rebuild of that one shard); with ``spark.sparkdl.shardReplicas`` >= 2,
     ``replicas_built``, the replica shards built (after the first build and again after a lost
     executor), and ``executors_avoided``, how many times an executor found slow had its tasks
-    sent elsewhere (:mod:`sparkdl.runners.slow_executors`)."""
+    sent elsewhere (:mod:`sparkdl.runners.slow_executors`). ``shard_bytes``: the bytes of the
+    training and validation shards on the executors at the end (their arrays as held, on disk
+    or in worker memory; every holder counted, so about r times the data with
+    ``shardReplicas`` r)."""
 
     iterations: list[IterationRecord] = field(default_factory=list)
     validations: list[ValidationRecord] = field(default_factory=list)
@@ -82,6 +85,7 @@ class TrainingSummary:
     placement_misses: int = 0
     replicas_built: int = 0
     executors_avoided: int = 0
+    shard_bytes: int = 0
 
     def to_pandas(self) -> Any:
         """One row per iteration (needs pandas)."""

@@ -57,7 +57,7 @@ from ..executor.shard_store import ShardSummary
 from ..executor.replica_build import ReplicaBuildTask, as_collected
 from ..executor.tasks import CleanupTask, FillTask
 from ..transport.allreduce import with_resources
-from .held_data import HeldData, check_unchanged
+from .held_data import HeldData, check_unchanged, size_text
 from .shard_placement import ShardPlacement, executor_id
 from .slow_executors import TaskTiming
 from .targeted_rdd import single_task_jobs, targeted_rdd
@@ -120,10 +120,6 @@ def shard_place(conf: Any) -> str:
     ``"disk"`` otherwise (see :mod:`sparkdl.executor.shard_store`)."""
     enabled = str(conf.get("spark.io.encryption.enabled", "false") or "false")
     return "memory" if enabled.strip().lower() == "true" else "disk"
-
-
-def _size(nbytes: int) -> str:
-    return f"{nbytes / (1 << 20):.1f} MiB" if nbytes >= 1 << 20 else f"{nbytes / 1024:.1f} KiB"
 
 
 def _below_python(rdd: RDD) -> tuple[RDD, Any]:
@@ -236,6 +232,15 @@ class CachedData(HeldData):
                 self.placement.hold(s.partition, s.executor)
         self._build_replicas()
 
+    @property
+    def held_bytes(self) -> int:
+        """The bytes of the shards' arrays as the executors hold them, every holder counted
+        (about ``replicas`` times the data)."""
+        if self.placement is None:
+            return super().held_bytes
+        return sum(self.summaries[p].nbytes * len(where)
+                   for p, where in self.placement.holders.items())
+
     def _holders_text(self) -> str:
         """How many executors hold each shard, and the shard bytes that makes per executor."""
         assert self.placement is not None
@@ -246,9 +251,9 @@ class CachedData(HeldData):
             for h in where:
                 held[h] = held.get(h, 0) + self.summaries[p].nbytes
         return ((" or ".join(f"{c} executors" for c in counts) or "no executor")
-                + f"; {_size(sum(held.values()))} of shards in all, at most "
-                f"{_size(max(held.values(), default=0))} on one executor, against "
-                f"{_size(sum(s.nbytes for s in self.summaries))} held once")
+                + f"; {size_text(sum(held.values()))} of shards in all, at most "
+                f"{size_text(max(held.values(), default=0))} on one executor, against "
+                f"{size_text(sum(s.nbytes for s in self.summaries))} held once")
 
     def _holders_list(self) -> str:
         assert self.placement is not None

@@ -50,6 +50,11 @@ def check_unchanged(name: str, old: ShardSummary, new: ShardSummary, hint: str =
         "before training, sort it, or seed its sampling." + (f" {hint}" if hint else ""))
 
 
+def size_text(nbytes: int) -> str:
+    """``nbytes`` for the log: MiB from 1 MiB up, KiB below."""
+    return f"{nbytes / (1 << 20):.1f} MiB" if nbytes >= 1 << 20 else f"{nbytes / 1024:.1f} KiB"
+
+
 class HeldData:
     """Data held as per-partition shards in the executors' Python workers (see the module
     docstring). Subclasses implement :meth:`_build` and :meth:`_fill` and say how many
@@ -107,9 +112,15 @@ class HeldData:
         (:func:`sparkdl.errors.raise_reported`)."""
         self.summaries = sorted(self._build(), key=lambda s: s.partition)
         raise_reported(self.summaries, f"building the {self.name} shards")
-        log.info("%s data: %d samples in %d partitions held as shards on the executors",
-                 self.name, sum(s.count for s in self.summaries), len(self.summaries))
+        log.info("%s data: %d samples in %d partitions held as shards on the executors (%s)",
+                 self.name, sum(s.count for s in self.summaries), len(self.summaries),
+                 size_text(self.held_bytes))
         return self.summaries
+
+    @property
+    def held_bytes(self) -> int:
+        """The bytes of the shards' arrays as the executors hold them, each shard once."""
+        return sum(s.nbytes for s in self.summaries)
 
     def record_holder(self, partition: int, summary: ShardSummary) -> None:
         """A fill built ``partition``'s shard where its task ran (nothing to note here)."""
