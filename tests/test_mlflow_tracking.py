@@ -101,6 +101,10 @@ def test_engine_logs_its_settings_every_iteration_and_validation_and_the_summary
     assert summary["final_loss"] == iterations[-1].loss
     assert [v["metrics"] for v in summary["validations"]] == \
         [v.metrics for v in opt.summary.validations]
+    # the training and validation shards (the same 120 samples): 4 float32 features and an
+    # int64 label each
+    assert summary["shard_bytes"] == opt.summary.shard_bytes == 2 * 120 * (4 * 4 + 8)
+    assert (summary["replicas_built"], summary["executors_avoided"]) == (0, 0)
 
 
 def test_engine_without_an_active_run_creates_and_ends_its_own(client):

@@ -168,6 +168,9 @@ def _summary_json(summary: TrainingSummary, status: str) -> str:
         "validations": [asdict(v) for v in summary.validations],
         "shards_rebuilt": summary.shards_rebuilt,
         "placement_misses": summary.placement_misses,
+        "replicas_built": summary.replicas_built,
+        "executors_avoided": summary.executors_avoided,
+        "shard_bytes": summary.shard_bytes,
         "last_iteration": asdict(last) if last else None,
     }, indent=2)
 

@@ -6,8 +6,8 @@ task ``p * width + p`` receives partition ``p``'s records, each paired with ``p`
 own each). The Python functions of the user's lineage (a pyspark ``PipelinedRDD``'s ``func``)
 run in this task too (``lineage``), over the records of the JVM RDD below them, so that the
 task needs one Python worker, as the first build did, not a second one that has run nothing
-yet. This module imports neither torch nor the training step
-(about 0.06 s in a fresh worker, against more than a second for :mod:`sparkdl.executor.tasks`).
+yet. This module imports neither torch nor the training step (about 0.06 s in a fresh worker,
+against more than a second for :mod:`sparkdl.executor.tasks`).
 
 Example::
 

@@ -201,6 +201,7 @@ def summarize_arrays(partition: int, features: list[np.ndarray], labels: np.ndar
         digest.update(f"{array.dtype.str}{array.shape}".encode())
         digest.update(np.ascontiguousarray(array).data)
     summary.content_hash = digest.hexdigest()
+    summary.nbytes = int(sum(array.nbytes for array in flat))
     if not summary.count:
         return summary
     summary.feature_shapes = [(-1,) if isinstance(f, Ragged) else tuple(f.shape[1:])
@@ -253,7 +254,6 @@ def build_shard(data_key: str, partition: int, records: Iterable[Any],
         return ShardSummary(partition=partition, error=str(exc), fatal=fatal)
     summary = summarize_arrays(partition, feats, labels)
     summary.executor = executor_location()
-    summary.nbytes = int(sum(_nbytes(a) for a in [*feats, labels]))
     if place == "memory":
         _SHARDS.put((data_key, partition), Shard(feats, labels))
         return summary
@@ -264,11 +264,6 @@ def build_shard(data_key: str, partition: int, records: Iterable[Any],
     return summary
 
 
-def _nbytes(array: Any) -> int:
-    """Bytes of an array, or of a ragged input's values and offsets."""
-    if isinstance(array, Ragged):
-        return int(array.values.nbytes + array.offsets.nbytes)
-    return int(getattr(array, "nbytes", 0))
 
 
 def open_shard(data_key: str, partition: int) -> Shard | None:

@@ -34,8 +34,9 @@ also built on r - 1 other executors right after the build: tasks over the cartes
 a :func:`~sparkdl.runners.targeted_rdd.targeted_rdd` of the partition numbers with the user's
 RDD, running only its diagonal (partition p with partition p), so each replica task runs where
 its replica should be (the targeted side's preference) and reads partition p's lineage there, in
-one Python worker; each is a job of its own, so speculation never copies it. (The product has P * P partitions, of which P run: a few tens of MB of partition
-objects on the driver at a thousand partitions.)
+one Python worker; each is a job of its own, so speculation never copies it. (The product has
+P * P partitions, of which P run: a few tens of MB of partition objects on the driver at a
+thousand partitions.)
 Every replica must have the first build's count and content hash, or the fit stops with an
 error naming the partition. Iteration jobs then run over a targeted RDD preferring each shard's
 healthy holders (:mod:`sparkdl.runners.shard_placement`, which also learns which executors are

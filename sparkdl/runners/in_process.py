@@ -75,6 +75,11 @@ class InProcessData:
     def num_partitions(self) -> int:
         return len(self.summaries)
 
+    @property
+    def held_bytes(self) -> int:
+        """The bytes of the shards' arrays, held in this process."""
+        return sum(s.nbytes for s in self.summaries)
+
 
 @contextlib.contextmanager
 def _task_environment() -> Iterator[None]:
