@@ -52,9 +52,10 @@ def executor_dirs(sc):
 def warm_executors(sc, count: int, timeout: float = 120) -> None:
     """Wait until ``count`` executors have registered, then run a task on each of their cores
     (``spark.executor.cores``) that imports torch and sparkdl, so that no later task pays a
-    cold Python worker: an executor runs a Python worker per task running at once. With speculation on, a
-    first task that takes seconds to import torch gets a copy on a warm executor; a copy that wins
-    the shard build moves that shard (and its training tasks) to the other executor."""
+    cold Python worker: an executor runs a Python worker per task running at once. With
+    speculation on, a first task that takes seconds to import torch gets a copy on a warm
+    executor; a copy that wins the shard build moves that shard (and its training tasks) to the
+    other executor."""
     deadline = time.time() + timeout
     while sc._jsc.sc().getExecutorMemoryStatus().size() - 1 < count:
         if time.time() > deadline:

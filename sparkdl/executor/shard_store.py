@@ -264,8 +264,6 @@ def build_shard(data_key: str, partition: int, records: Iterable[Any],
     return summary
 
 
-
-
 def open_shard(data_key: str, partition: int) -> Shard | None:
     """This worker's shard of ``partition``, from memory or from the executor's files, or None."""
     shard = _SHARDS.get((data_key, partition))
