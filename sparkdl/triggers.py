@@ -298,13 +298,21 @@ class EarlyStopping(Trigger):
 
 
 def planned_iterations(trigger: Trigger, iterations_per_epoch: int) -> int | None:
-    """The run's last iteration when the end trigger says it in advance (a ``MaxEpoch`` or
-    ``MaxIteration`` alone), else None. Used for the ETA and to refuse resuming a checkpoint
-    past the run's end.
+    """The last iteration the end trigger allows, when it says so in advance, else None: a
+    ``MaxEpoch`` or ``MaxIteration``; ``a | b`` the smallest bound among its parts that have
+    one (it fires at the latest there); ``a & b`` the largest, when every part has one. Used
+    for the ETA and to refuse resuming a checkpoint past the run's end.
 
-    Example: ``planned_iterations(MaxEpoch(3), 100)`` is 300."""
+    Example: ``planned_iterations(MaxEpoch(3), 100)`` is 300, and so is
+    ``planned_iterations(MaxEpoch(3) | EarlyStopping("Loss", patience=5), 100)``."""
     if isinstance(trigger, MaxEpoch):
         return trigger.limit * iterations_per_epoch
     if isinstance(trigger, MaxIteration):
         return trigger.limit
+    if isinstance(trigger, (TriggerOr, TriggerAnd)):
+        bounds = [planned_iterations(t, iterations_per_epoch) for t in trigger.triggers]
+        if isinstance(trigger, TriggerOr):
+            known = [b for b in bounds if b is not None]
+            return min(known) if known else None
+        return None if None in bounds else max(bounds)  # type: ignore[type-var]
     return None

@@ -327,7 +327,15 @@ def test_int_features_are_cast_to_the_fitted_float_dtype(spark, fitted_on_double
 
 
 def test_too_many_values_per_row_are_refused_naming_the_column(spark, fitted_on_doubles):
-    out = fitted_on_doubles.transform(_array_df(spark, width=5))    # lazy: the tasks check
+    with pytest.raises(InvalidArgumentError, match=r"Column 'features' \(array<double>\) does "
+                                                   r"not fit the model: it has 5 values per row "
+                                                   r"\(the first row read\); the model was "
+                                                   r"fitted on 4"):
+        fitted_on_doubles.transform(_array_df(spark, width=5))   # before transform's job
+    # a later row of another width: the tasks check every row, before the model runs
+    rows = [([float((i + k) % 5) for k in range(4 if i < 23 else 5)], i % 3) for i in range(24)]
+    mixed = spark.createDataFrame(rows, "features array<double>, label long").coalesce(1)
+    out = fitted_on_doubles.transform(mixed)
     with pytest.raises(Exception, match=r"InvalidArgumentError: Column 'features' has 5 values "
                                         r"per row; the model was fitted on 4"):
         out.collect()
@@ -376,9 +384,9 @@ def test_a_loaded_model_checks_and_an_old_one_without_the_record_still_transform
     fitted_on_doubles.write().save(path)
     loaded = NNClassifierModel.load(path)
     assert loaded.input_record == fitted_on_doubles.input_record
-    with pytest.raises(Exception, match=r"Column 'features' has 5 values per row; the model "
-                                        r"was fitted on 4"):
-        loaded.transform(_array_df(spark, width=5)).collect()
+    with pytest.raises(InvalidArgumentError, match=r"Column 'features' .*it has 5 values per "
+                                                   r"row .*the model was fitted on 4"):
+        loaded.transform(_array_df(spark, width=5))
     # a model saved before the record existed: its metadata has no "inputs"
     (meta,) = glob.glob(f"{path}/metadata/part-*")
     data = json.loads(open(meta).read())

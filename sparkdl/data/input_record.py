@@ -10,8 +10,9 @@ int64 ids, and the values per row the model was trained on. ``transform`` then
   and float values for int64 ids (:func:`check_transform_inputs`);
 * casts integer values to the model's float dtype where the fit took floats, as the fit itself
   casts every floating input;
-* checks the values per row of array and Vector columns in the tasks, before the model runs
-  (:func:`check_widths`), where the schema does not say them.
+* checks the values per row of array and Vector columns where the schema does not say them:
+  on the first row, before the transform's job (:func:`check_first_row_widths`), and on every
+  row in the tasks, before the model runs (:func:`check_widths`).
 
 Models saved before the record existed have none, and transform as before.
 
@@ -33,7 +34,7 @@ from ..errors import InvalidArgumentError
 from .dataframe_arrays import FeatureSource
 
 __all__ = ["FittedInput", "fitted_inputs", "record_from_json", "check_transform_inputs",
-           "check_widths"]
+           "check_first_row_widths", "check_widths"]
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,41 @@ def check_transform_inputs(record: Sequence[FittedInput] | None,
             new = replace(new, integral=False)          # to the model's float dtype
         out.append(new)
     return out
+
+
+def check_first_row_widths(dataset: Any, record: Sequence[FittedInput] | None,
+                           sources: Sequence[FeatureSource]) -> None:
+    """``transform``'s array and Vector inputs whose values per row the schema does not say,
+    checked against the fit on the first row that has them all (one small job, before the
+    transform's own), so that a DataFrame of other rows is refused here, with the column named,
+    not inside a task. Rows that differ further on are still refused in the tasks
+    (:func:`check_widths`)."""
+    if record is None:
+        return
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+
+    probed = [(new, fitted) for new, fitted in zip(sources, record)
+              if fitted.width is not None and not new.ragged and new.kind in ("array", "vector")
+              and _schema_width(dataset.schema, new) is None]
+    if not probed:
+        return
+    sizes = [F.size(vector_to_array(F.col(new.columns[0])) if new.kind == "vector"
+                    else F.col(new.columns[0])).alias(f"_w{k}")
+             for k, (new, _) in enumerate(probed)]
+    present = [F.col(new.columns[0]).isNotNull() for new, _ in probed]
+    condition = present[0]
+    for more in present[1:]:
+        condition = condition & more
+    rows = dataset.where(condition).select(*sizes).limit(1).collect()
+    if not rows:
+        return
+    for k, (new, fitted) in enumerate(probed):
+        width = int(rows[0][k])
+        if width != fitted.width:
+            raise _refuse(new, dataset.schema, fitted, f"it has {width} values per row (the "
+                                                       "first row read); the model was fitted "
+                                                       f"on {fitted.width}")
 
 
 def _row_widths(column: Any, source: FeatureSource) -> np.ndarray | None:

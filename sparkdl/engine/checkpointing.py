@@ -22,11 +22,9 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -38,7 +36,7 @@ from ..triggers import Trigger, planned_iterations
 from .run_context import KEY_DEFAULTS, RunContext
 from .summary import IterationRecord, TrainingSummary, ValidationRecord
 
-__all__ = ["CheckpointSetup", "Checkpoints", "exclusive_directory"]
+__all__ = ["CheckpointSetup", "Checkpoints", "shown"]
 
 log = logging.getLogger("sparkdl")
 
@@ -54,7 +52,8 @@ class CheckpointSetup:
     by_fit: bool = False      # each fit in its own subdirectory, named by its resume key
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
+    """``value`` as an error message shows it (at most 300 characters)."""
     text = str(value) if isinstance(value, (str, int, float, bool)) or value is None else \
         repr(value)
     return text if len(text) <= 300 else text[:300] + "..."
@@ -66,29 +65,6 @@ def _model_class(model: nn.Module) -> str:
 
 def _model_signature(model: nn.Module) -> list[list[Any]]:
     return [[name, list(t.shape)] for name, t in model.state_dict().items()]
-
-
-_DIRECTORY_LOCKS: dict[str, threading.Lock] = {}
-_LOCKS_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def exclusive_directory(path: str) -> Iterator[None]:
-    """Hold ``path`` for one fit of this process: another fit with the same directory (a grid
-    whose settings differ only in what the identity leaves out, such as ``maxEpoch``, fitted in
-    parallel) waits for it to end and then resumes what it wrote, instead of both writing and
-    pruning one directory at once. Fits in other processes are not held off."""
-    key = path.rstrip("/")
-    with _LOCKS_LOCK:
-        lock = _DIRECTORY_LOCKS.setdefault(key, threading.Lock())
-    if not lock.acquire(blocking=False):
-        log.info("another fit of this process writes checkpoints to %s: waiting for it to end",
-                 key)
-        lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 class Checkpoints:
@@ -150,7 +126,7 @@ class Checkpoints:
             if theirs != value:
                 raise CheckpointError(
                     f"The checkpoint {name} belongs to another fit: it was written by a run with "
-                    f"{key}={_shown(theirs)}, but this run has {key}={_shown(value)}. Resuming "
+                    f"{key}={shown(theirs)}, but this run has {key}={shown(value)}. Resuming "
                     "it would not continue this fit. Use a new checkpoint directory (or "
                     "set_checkpoint(..., by_fit=True): one subdirectory per fit), or the same "
                     "data, hyperparameters and initial weights.")

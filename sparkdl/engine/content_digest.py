@@ -12,18 +12,28 @@ result differs. So objects are hashed by their content, never by ``id()``, ``has
 * functions: their code (bytecode, constants, names; not file names or line numbers), default
   arguments, closure values and the module-level values they name (functions and classes of
   installed libraries and the standard library by module and name, as their code is fixed by
-  the installed version; the attributes the code names of the user's own modules, ``cfg.LR``);
-  ``functools.partial`` and bound methods by what they hold;
-* classes of installed libraries by module, name and version; the user's classes also by their
-  methods' code and class-level constants;
+  what is installed, :mod:`sparkdl.engine.installed_code`; the attributes the code names of
+  the user's own modules, ``cfg.LR``); a closure or module-level value the code only reads
+  attributes from (``args.decay`` of an argparse Namespace) by its class and those attributes;
+  a method of a module's hidden global generator (``random.random``, ``numpy.random.rand``)
+  by its name, never the generator's state; ``functools.partial`` and bound methods by what
+  they hold;
+* classes of installed libraries by module, name and their distribution's version; the user's
+  classes (and editable or unowned installs) also by their methods' code and class-level
+  constants;
 * ``nn.Module``: its class, attributes, hooks, parameters and buffers, submodules; a TorchScript
   module by its code and state; a ``torch.compile``'d one by the module it compiles;
 * torch optimizers, wherever they are reached from (a scheduler holds its optimizer): their
   class only (the fit identity hashes the optimizer's settings and state itself);
-* loggers by their name (where a step logs does not change what it computes);
+* loggers by their name (where a step logs does not change what it computes); paths by their
+  text; pandas objects by their content (labels, dtypes, a stable hash of each row), not the
+  caches a read leaves on them;
 * any other object: its class and its attributes (``__dict__`` and ``__slots__``); one without
-  attributes (a C object: a date, a deque) by what pickle would save of it; or what
+  attributes (a C object: a date, a deque, a regex) by what pickle would save of it; or what
   ``__sparkdl_identity__()`` returns when the class defines it.
+
+Nothing depends on the process: not on ``PYTHONHASHSEED`` (tests/identity_battery_job.py
+hashes a battery of kinds in two processes), not on a global generator's state.
 
 What has no such content (a lock, a socket, a Spark session: objects without attributes that
 cannot be pickled either) raises :class:`UnidentifiableError` naming where it was reached; the
@@ -41,14 +51,14 @@ Example::
 
 from __future__ import annotations
 
+import copyreg
 import enum
 import functools
 import hashlib
 import logging
-import os
+import pathlib
 import random
 import sys
-import sysconfig
 import types
 import weakref
 from typing import Any
@@ -57,37 +67,40 @@ import numpy as np
 import torch
 
 from ..errors import UnidentifiableError
+from .code_reads import attribute_reads, global_generator_method
+from .installed_code import library_version
 
 __all__ = ["content_digest", "UnidentifiableError", "is_library_code"]
 
 
-_LIBRARY_ROOTS = tuple(os.path.realpath(p) for p in
-                       {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib",
-                                                            "platlib")} if p)
-
-
-@functools.lru_cache(maxsize=None)
 def is_library_code(module_name: str) -> bool:
     """Whether ``module_name`` belongs to the standard library or an installed (non-editable)
-    package: its code is fixed by the installed version, so its names identify it."""
-    top = module_name.split(".")[0]
-    if top in sys.builtin_module_names or top in getattr(sys, "stdlib_module_names", ()):
-        return True
-    module = sys.modules.get(top)
-    path = getattr(module, "__file__", None)
-    if path is None:
-        return top in ("builtins", "torch", "numpy")
-    path = os.path.realpath(path)
-    return any(path.startswith(root + os.sep) for root in _LIBRARY_ROOTS) or \
-        "site-packages" in path or "dist-packages" in path
-
-
-def _version(module_name: str) -> str:
-    module = sys.modules.get(module_name.split(".")[0])
-    return str(getattr(module, "__version__", ""))
+    distribution: its code is fixed by what is installed, so its name and version identify it
+    (:mod:`sparkdl.engine.installed_code`)."""
+    return library_version(module_name) is not None
 
 
 _MODULE_MAPS_BY_HANDLE = ("hooks", "hooks_with_kwargs", "hooks_always_called")
+
+
+_WHOLE = (type, types.ModuleType, types.FunctionType, types.MethodType, types.BuiltinFunctionType,
+          functools.partial, torch.nn.Module, torch.Tensor, np.ndarray, np.generic, list, tuple,
+          dict, set, frozenset, str, bytes, int, float, complex, enum.Enum, weakref.ref,
+          torch.Generator, np.random.Generator, random.Random, torch.optim.Optimizer,
+          logging.Logger, pathlib.PurePath)
+
+
+def _narrowable(value: Any) -> bool:
+    """A plain object with attributes (a config, an argparse Namespace), which a function can
+    be identified by the attributes it reads from."""
+    return (value is not None and not isinstance(value, _WHOLE) and hasattr(value, "__dict__")
+            and getattr(type(value), "__sparkdl_identity__", None) is None
+            and not _is_pandas(value))
+
+
+def _is_pandas(value: Any) -> bool:
+    pd = sys.modules.get("pandas")
+    return pd is not None and isinstance(value, (pd.DataFrame, pd.Series, pd.Index))
 
 
 def _standalone(value: Any, path: str) -> str:
@@ -209,6 +222,10 @@ class _Walker:
             self.put("compiled")             # torch.compile: what it compiles
             self.walk(value._orig_mod, f"{path}._orig_mod")
             return
+        rng_method = global_generator_method(value)
+        if rng_method is not None:        # what it names, never the hidden generator's state
+            self.put("global generator method", rng_method)
+            return
         if isinstance(value, functools.partial):
             self.put("partial")
             self.walk(value.func, f"{path}.func")
@@ -251,13 +268,48 @@ class _Walker:
         if isinstance(value, torch.nn.Module):
             self._module(value, path)
             return
+        if isinstance(value, pathlib.PurePath):  # not its cached hash (PYTHONHASHSEED)
+            self.put("path", f"{type(value).__qualname__}:{value}")
+            return
+        if _is_pandas(value):                     # by content, not its caches
+            self._pandas(value, path)
+            return
         self._instance(value, path)
+
+    def _pandas(self, value: Any, path: str) -> None:
+        import pandas as pd
+
+        self.put("pandas", f"{type(value).__module__}.{type(value).__qualname__}")
+        if isinstance(value, pd.Index):
+            self.put("dtype", repr(value.dtype))
+            self.walk(list(value.names), f"{path}.names")
+            self._pandas_values(value, path)
+            return
+        self.walk(value.attrs, f"{path}.attrs")
+        if isinstance(value, pd.Series):
+            self.walk(value.name, f"{path}.name")
+            self.put("dtype", repr(value.dtype))
+        else:
+            self.walk(value.columns, f"{path}.columns")
+            self.walk([repr(d) for d in value.dtypes], f"{path}.dtypes")
+        self.walk(value.index, f"{path}.index")
+        self._pandas_values(value, path)
+
+    def _pandas_values(self, value: Any, path: str) -> None:
+        import pandas as pd
+
+        try:                                   # one stable 64-bit hash a row (fixed key)
+            rows = pd.util.hash_pandas_object(value, index=False).to_numpy()
+        except TypeError:                      # cells pandas cannot hash (lists): each one
+            self.walk(np.asarray(value.to_numpy(), dtype=object), f"{path} values")
+            return
+        self.walk(rows, f"{path} row hashes")
 
     def _class(self, cls: type, path: str) -> None:
         module = getattr(cls, "__module__", "") or ""
         self.put("class", f"{module}.{cls.__qualname__}")
         if is_library_code(module):
-            self.put("version", _version(module))
+            self.put("version", library_version(module) or "")
             return
         for base in cls.__mro__:           # user code: the methods' code counts
             if is_library_code(getattr(base, "__module__", "") or "") or base is object:
@@ -279,10 +331,12 @@ class _Walker:
     def _function(self, fn: types.FunctionType, path: str) -> None:
         module = fn.__module__ or ""
         self.put("function", f"{module}.{fn.__qualname__}")
+        reads: dict[str, frozenset[str] | None] = {}
         if is_library_code(module):
-            self.put("version", _version(module))
+            self.put("version", library_version(module) or "")
         else:
-            self._code(fn.__code__, fn, path)
+            reads = attribute_reads(fn.__code__)
+            self._code(fn.__code__, fn, path, reads)
         self.walk(fn.__defaults__, f"{path} defaults")
         self.walk(fn.__kwdefaults__, f"{path} keyword defaults")
         for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
@@ -292,15 +346,34 @@ class _Walker:
                 self.put("empty cell", name)
                 continue
             self.put("cell", name)
-            self.walk(content, f"{path} closure value {name!r}")
+            self._read_value(content, reads.get(name), f"{path} closure value {name!r}")
 
-    def _code(self, code: types.CodeType, fn: types.FunctionType, path: str) -> None:
+    def _read_value(self, value: Any, attributes: frozenset[str] | None, path: str) -> None:
+        """A closure or global value: only the ``attributes`` the function reads from it when
+        that is all it does with a plain object (``args.decay`` of a whole argparse
+        Namespace), else all of it."""
+        if not attributes or not _narrowable(value):
+            self.walk(value, path)
+            return
+        self.put("attributes read", " ".join(sorted(attributes)))
+        self._class(type(value), path)
+        for attribute in sorted(attributes):
+            try:
+                item = getattr(value, attribute)
+            except AttributeError:
+                self.put("missing attribute", attribute)
+                continue
+            self.put("attribute", attribute)
+            self.walk(item, f"{path}.{attribute}")
+
+    def _code(self, code: types.CodeType, fn: types.FunctionType, path: str,
+              reads: dict[str, frozenset[str] | None]) -> None:
         self.put("code", code.co_code)
         self.put("names", " ".join(code.co_names))
         self.put("args", f"{code.co_argcount}/{code.co_kwonlyargcount}/{code.co_flags}")
         for const in code.co_consts:
             if isinstance(const, types.CodeType):
-                self._code(const, fn, path)
+                self._code(const, fn, path, reads)
             else:
                 self.walk(const, f"{path} constant")
         module_globals = fn.__globals__
@@ -308,7 +381,7 @@ class _Walker:
             if name in module_globals and not name.startswith("__"):
                 value = module_globals[name]
                 self.put("global", name)
-                self.walk(value, f"{path} global {name!r}")
+                self._read_value(value, reads.get(name), f"{path} global {name!r}")
                 if isinstance(value, types.ModuleType) and not is_library_code(value.__name__):
                     for attribute in code.co_names:    # cfg.LR of the user's own module
                         if not attribute.startswith("__") and hasattr(value, attribute):
@@ -345,8 +418,9 @@ class _Walker:
                     attributes[slot] = getattr(value, slot)
         if not attributes and not hasattr(value, "__dict__"):
             # a C object (a date, a deque, a lock): its content is what pickle would save
-            try:
-                reduced = value.__reduce_ex__(4)
+            try:                           # as pickle asks: copyreg's table first (a regex)
+                reducer = copyreg.dispatch_table.get(cls)
+                reduced = reducer(value) if reducer is not None else value.__reduce_ex__(4)
             except Exception:              # noqa: BLE001 - what it raises does not matter
                 reduced = None
             if not isinstance(reduced, tuple):

@@ -57,7 +57,8 @@ from .optimizer_sequence import as_optimizer, as_scheduler
 from .sparse_checks import check_sparse_gradients
 from .arguments import (check_criterion, check_lr_scheduler, check_optimizer, check_steps,
                         check_training_data)
-from .checkpointing import CheckpointSetup, Checkpoints, exclusive_directory
+from .checkpoint_directories import exclusive_directory, note_settings
+from .checkpointing import CheckpointSetup, Checkpoints
 from .clipping import GradientClipping, check_norm_clipping, check_value_clipping
 from .hop_loop import check_hop_settings
 from .hop_order import HopPlan
@@ -644,6 +645,8 @@ class DistriOptimizer:
                 ctx.checkpoints = checkpoints = Checkpoints(
                     dataclasses.replace(setup, path=directory), self._checkpoint_store(directory))
                 resumed = checkpoints.latest(self.model)
+                note_settings(setup.path.rstrip("/"), directory, ctx.resume_key(),
+                              checkpoints.store.files, resumed is not None)
                 log.info("checkpoints of this fit go to %s", directory)
             if resumed is not None:
                 checkpoints.restore(ctx, resumed)  # type: ignore[union-attr]

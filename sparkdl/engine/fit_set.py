@@ -48,6 +48,7 @@ from ..errors import InvalidArgumentError
 from ..runners.fit_view import FitView, shares_passes
 from ..spark_settings import spark_setting
 from ..transport.flat_layout import ParamLayout
+from .checkpoint_directories import DirectoryHeldError, check_shared_directories
 from .hop_loop import HopLoop, HopMember
 from .pass_loop import PassLoop
 from .pass_memory import (Budget, Footprint, budgets, closure_budget, describe, footprint,
@@ -228,12 +229,12 @@ class FitSet:
         its pass and the others go on; its error is kept in :attr:`errors` and the first one
         is raised once every pass ended. Without it a failure ends the set at once."""
         keep_going = len(self.fits) > 1 if keep_going is None else keep_going
+        check_shared_directories(self.fits)
         for group in self.groups():
-            self.passes.append(group)
-            if self.strategy == "hop":
-                self._run_hop(group, keep_going)
-            else:
-                self._run_pass(group, keep_going)
+            while group:          # fits that met a directory held by a fit of the pass: later
+                self.passes.append(group)
+                group = (self._run_hop(group, keep_going) if self.strategy == "hop" else
+                         self._run_pass(group, keep_going))
         if self.errors:
             first = min(self.errors)
             if len(self.fits) > 1:
@@ -242,18 +243,22 @@ class FitSet:
             raise self.errors[first]
         return [fit.model for fit in self.fits]
 
-    def _run_hop(self, group: list[int], keep_going: bool) -> None:
-        """The fits of ``group`` trained by model hopping (:mod:`sparkdl.engine.hop_loop`)."""
-        self._train_group(group, keep_going, hop=True)
+    def _run_hop(self, group: list[int], keep_going: bool) -> list[int]:
+        """The fits of ``group`` trained by model hopping (:mod:`sparkdl.engine.hop_loop`);
+        returns those left for a later pass."""
+        return self._train_group(group, keep_going, hop=True)
 
-    def _run_pass(self, group: list[int], keep_going: bool) -> None:
+    def _run_pass(self, group: list[int], keep_going: bool) -> list[int]:
         """The fits of ``group`` trained in one pass (:mod:`sparkdl.engine.pass_loop`), or one
-        after another on a runner that cannot run passes."""
-        self._train_group(group, keep_going, hop=False)
+        after another on a runner that cannot run passes; returns those left for a later
+        pass."""
+        return self._train_group(group, keep_going, hop=False)
 
-    def _train_group(self, group: list[int], keep_going: bool, hop: bool) -> None:
+    def _train_group(self, group: list[int], keep_going: bool, hop: bool) -> list[int]:
         """Prepare every fit of ``group`` on one runner and data held once, drive their loops
-        together, and end each fit whatever happened."""
+        together, and end each fit whatever happened. Returns the fits left for a later pass:
+        those whose checkpoint directory a fit of this pass holds (one identity: the later
+        one resumes what the earlier wrote)."""
         from ..runners import runner_for
 
         first = self.fits[group[0]]
@@ -267,10 +272,9 @@ class FitSet:
                      type(runner).__name__, len(group), group)
             if held is None:
                 runner.close()
-            for k in group:
-                self._run_pass([k], keep_going)
-            return
+            return [k for one in group for k in self._run_pass([one], keep_going)]
         runs: dict[int, Any] = {}
+        later: list[int] = []
         try:
             if hop and not callable(getattr(runner, "hop", None)):
                 raise InvalidArgumentError(
@@ -282,6 +286,11 @@ class FitSet:
                     runs[k] = self.fits[k]._begin(
                         FitView(runner, loads),
                         (self.hop_seed, self.hop_positions[k]) if hop else None)
+                except DirectoryHeldError as exc:
+                    later.append(k)
+                    log.info("fit %d writes to %s like a fit of this pass, with the same "
+                             "identity: it trains in a later pass and resumes what that fit "
+                             "wrote", k, exc.path)
                 except Exception as exc:
                     if not keep_going:
                         raise
@@ -319,3 +328,4 @@ class FitSet:
                 self.fits[k]._end(run)
             if held is None:
                 runner.close()
+        return later

@@ -82,6 +82,18 @@ class ReportToTrial(Trigger):
     def metric_names(self) -> set[str]:
         return {self.metric}
 
+    def catch_up(self, summary: Any) -> None:
+        """Report the validations of a history the fit resumed rather than ran (a checkpoint
+        of the same fit: a trial that repeats an earlier one's settings resumes its end), in
+        order, for the steps not reported yet."""
+        if summary is None:
+            return
+        for record in summary.validations:
+            if record.epoch not in self.values and self.metric in record.metrics:
+                value = float(record.metrics[self.metric])
+                self.values[record.epoch] = value
+                self._trial.report(value, record.epoch)
+
 
 class BatchedStudy:
     """Run an Optuna ``study`` in batches of trials trained together (see the module docstring).
@@ -179,6 +191,8 @@ class BatchedStudy:
         pruned = []
         for k, trial in enumerate(trials):
             report = reports.get(k)
+            if report is not None and k not in errors:
+                report.catch_up(getattr(fits[k], "summary", None))
             if k in errors:
                 log.warning("trial %d failed: %s: %s", trial.number, type(errors[k]).__name__,
                             errors[k])

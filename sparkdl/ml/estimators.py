@@ -41,7 +41,8 @@ from ..engine.rng_isolation import private_torch_rng
 from ..executor.step import as_model_input
 from ..losses import CLASS_INDEX_LOSSES, IGNORE_INDEX
 from ..metrics import prediction_tensor
-from ..data.input_record import FittedInput, check_transform_inputs, fitted_inputs
+from ..data.input_record import (FittedInput, check_first_row_widths, check_transform_inputs,
+                                 fitted_inputs)
 from ..errors import (EmptyDataError, InvalidArgumentError, ModelCriterionMismatchError,
                       TrainingDataError)
 from ..storage.file_systems import is_connect_session
@@ -528,6 +529,7 @@ class _NNModelBase(Model, MLWritable, MLReadable):
         get = self.getOrDefault
         sources = check_transform_inputs(self.input_record, _input_sources(self, dataset),
                                          dataset.schema)
+        check_first_row_widths(dataset, self.input_record, sources)
         assert self.module is not None
         single = self._single_output()
         udf = predict_column(self.module, sources, get("featureShape"), self.preprocess,

@@ -228,6 +228,9 @@ def validate_params(stage: Params) -> None:
             not get("validationIndicatorCol"):
         raise _error("earlyStoppingPatience", owner, "0 unless validationIndicatorCol names "
                      "the validation rows it watches", get("earlyStoppingPatience"))
+    if stage.hasParam("fitIdentity") and get("fitIdentity") and not get("fitIdentity").strip():
+        raise _error("fitIdentity", owner, "a name with a visible character, or \"\" for none",
+                     get("fitIdentity"))
     for name, choices in (("device", DEVICES), ("precision", PRECISIONS),
                           ("tuningStrategy", STRATEGIES)):
         if get(name) not in choices:

@@ -47,18 +47,19 @@ class CheckpointStore:
 
     def __init__(self, path: str, files: FileSystemAccess) -> None:
         self.path = path
-        self._files = files
+        self.files = files
+        """How the directory is reached."""
 
     def _error(self, exc: BaseException) -> str:
-        return self._files.error_line(exc)
+        return self.files.error_line(exc)
 
     def check_writable(self) -> None:
         """Create the directory and write, then delete, a probe file; raise if that fails."""
         probe = f".probe-{uuid.uuid4().hex}"
         try:
-            self._files.mkdirs(self.path)
-            self._files.write(self.path, probe, b"sparkdl")
-            self._files.delete(self.path, probe)
+            self.files.mkdirs(self.path)
+            self.files.write(self.path, probe, b"sparkdl")
+            self.files.delete(self.path, probe)
         except Exception as exc:
             raise CheckpointError(f"The checkpoint directory {self.path!r} is not writable: "
                                   f"{self._error(exc)}") from exc
@@ -81,12 +82,12 @@ class CheckpointStore:
         the write fails), then a rename."""
         tmp_name = f".{final}-{uuid.uuid4().hex}.tmp"
         try:
-            self._files.mkdirs(self.path)
-            self._files.write(self.path, tmp_name, data)
-            self._files.replace(self.path, tmp_name, final)
+            self.files.mkdirs(self.path)
+            self.files.write(self.path, tmp_name, data)
+            self.files.replace(self.path, tmp_name, final)
         except Exception as exc:
             try:
-                self._files.delete(self.path, tmp_name)
+                self.files.delete(self.path, tmp_name)
             except Exception:     # noqa: BLE001 - the write's own error is the one to report
                 pass
             raise CheckpointError(f"Writing {self.path.rstrip('/')}/{final} failed: "
@@ -100,7 +101,7 @@ class CheckpointStore:
                                   "checkpoint is never rewritten.")
         self._save(f"checkpoint-{iteration:010d}.pt", state)
         for old in self.iterations()[:-keep_last]:
-            self._files.delete(self.path, f"checkpoint-{old:010d}.pt")
+            self.files.delete(self.path, f"checkpoint-{old:010d}.pt")
         return self.file_name(iteration)
 
     def write_summary_part(self, iteration: int, part: dict[str, Any]) -> str:
@@ -118,7 +119,7 @@ class CheckpointStore:
 
     def _names(self) -> list[str]:
         try:
-            return self._files.names(self.path)
+            return self.files.names(self.path)
         except Exception as exc:
             raise CheckpointError(f"The checkpoint directory {self.path!r} cannot be listed: "
                                   f"{self._error(exc)}") from exc
@@ -130,7 +131,7 @@ class CheckpointStore:
         for name in names:
             match = _SUMMARY.match(name)
             try:
-                data = self._files.read(self.path, name)
+                data = self.files.read(self.path, name)
             except Exception as exc:
                 raise CheckpointError(f"The summary part {self.path}/{name}, which a checkpoint "
                                       f"needs, cannot be read: {self._error(exc)}") from exc
@@ -146,7 +147,7 @@ class CheckpointStore:
         names = sorted(n for n in self._names()
                        if _LEGACY_SUMMARY.match(n) and
                        int(_LEGACY_SUMMARY.match(n).group(1)) <= upto)
-        return [self._load_part(name, self._files.read(self.path, name)) for name in names]
+        return [self._load_part(name, self.files.read(self.path, name)) for name in names]
 
     def _load_part(self, name: str, data: bytes) -> dict[str, Any]:
         try:
@@ -166,13 +167,13 @@ class CheckpointStore:
                 or (name.startswith(".") and name.endswith(".tmp"))
             if stray:
                 log.info("removing %s/%s: no committed checkpoint needs it", self.path, name)
-                self._files.delete(self.path, name)
+                self.files.delete(self.path, name)
 
     def read(self, iteration: int) -> dict[str, Any]:
         """Load one checkpoint (``weights_only=True``); raise a clear error if it is unusable."""
         name = self.file_name(iteration)
         try:
-            data = self._files.read(self.path, f"checkpoint-{iteration:010d}.pt")
+            data = self.files.read(self.path, f"checkpoint-{iteration:010d}.pt")
         except Exception as exc:
             raise CheckpointError(f"Reading checkpoint {name} failed: {self._error(exc)}"
                                   ) from exc
