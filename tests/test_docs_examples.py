@@ -151,8 +151,11 @@ def _missing_extra(exc: ModuleNotFoundError) -> str | None:
 
 @pytest.mark.parametrize("page", PAGES)
 def test_page_examples_run(page, spark, tmp_path, monkeypatch):
+    import torch
+
     monkeypatch.chdir(tmp_path)
     tracking_uri = _mlflow_tracking_uri()
+    torch_rng = torch.get_rng_state()      # an example may seed torch's global generator
     namespace = {"__name__": "docs_examples_" + re.sub(r"\W", "_", page),
                  "spark": spark, "sc": spark.sparkContext}
     try:
@@ -167,6 +170,7 @@ def test_page_examples_run(page, spark, tmp_path, monkeypatch):
                     raise
                 pytest.skip(f"{block.where} needs {extra}, not installed here")
     finally:
+        torch.set_rng_state(torch_rng)
         if tracking_uri is not None or "mlflow" in sys.modules:
             import mlflow
 
