@@ -21,7 +21,7 @@ Example::
 
     with mlflow.start_run():
         CrossValidator(estimator=NNClassifier(..., mlflowLogging=True), ...,
-                       parallelism=2).fit(df)     # one child run per fit
+                       parallelism=2, seed=7).fit(df)     # one child run per fit
 """
 
 from __future__ import annotations
