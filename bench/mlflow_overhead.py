@@ -32,8 +32,8 @@ sys.path.insert(0, ROOT)
 
 from sparkdl import DistriOptimizer  # noqa: E402
 from sparkdl.datasets import mlp  # noqa: E402
-from sparkdl.engine.mlflow_tracking import MlflowSetup, MlflowTracker  # noqa: E402
-from sparkdl.engine.summary import IterationRecord  # noqa: E402
+from sparkdl.engine.fit.reports.mlflow_tracking import MlflowSetup, MlflowTracker  # noqa: E402
+from sparkdl.engine.fit.reports.summary import IterationRecord  # noqa: E402
 from sparkdl.triggers import MaxIteration  # noqa: E402
 
 SAMPLES, PARTITIONS, BATCH, WARMUP = 8192, 2, 256, 5

@@ -56,7 +56,7 @@ class EmptyDataError(TrainingDataError):
 
 class UnidentifiableError(InvalidArgumentError):
     """An object that decides a checkpointed fit's result has no content sparkdl can hash
-    deterministically (:mod:`sparkdl.engine.content_digest`): name the fit with
+    deterministically (:mod:`sparkdl.engine.fit.resume.content_digest`): name the fit with
     ``set_fit_identity`` (estimators: ``fitIdentity``)."""
 
 

@@ -15,7 +15,7 @@ rows is exact. For some it is not:
 
 For those, every task back-propagates its numerator and reports its normaliser; the driver
 divides the summed gradient and loss by the union batch's normaliser
-(:mod:`sparkdl.engine.training_loop`), which is exactly the single-process mean.
+(:mod:`sparkdl.engine.strategies.sync.step`), which is exactly the single-process mean.
 
 Example::
 

@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 from numpy.random import rand
 
-from sparkdl.engine.content_digest import content_digest
+from sparkdl.engine.fit.resume.content_digest import content_digest
 from sparkdl.metrics import Loss, Top1Accuracy
 from sparkdl.triggers import EarlyStopping, MaxEpoch, MinLoss
 

@@ -150,13 +150,13 @@ def hop_reference(model: nn.Module, optimizer: torch.optim.Optimizer,
                   batch_size: int, seed: int, epochs: int, position: int, hop_seed: int = 0,
                   scheduler: Any = None, shuffle: bool = True,
                   scheduler_per_epoch: bool = False) -> nn.Module:
-    """Plain single-process PyTorch as model hopping defines a model (sparkdl.engine.hop_loop):
+    """Plain single-process PyTorch as model hopping defines a model (sparkdl.engine.strategies.hop.jobs):
     the partitions in the model's visiting order, each partition's samples in its epoch order,
     one optimizer step (and, if given, one scheduler step) per batch, or with
     ``scheduler_per_epoch`` one scheduler step per epoch. Trains ``model`` in place and returns
     it."""
     from sparkdl.data.batch_plan import local_permutation
-    from sparkdl.engine.hop_order import visiting_order
+    from sparkdl.engine.strategies.hop.order import visiting_order
 
     for epoch in range(epochs):
         for p in visiting_order(hop_seed, epoch, position, len(partitions)):

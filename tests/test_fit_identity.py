@@ -22,7 +22,7 @@ from models import SmallNet, bitwise_equal, classification_data
 from sparkdl import CheckpointError, DistriOptimizer, Loss, NNClassifier, NNEstimator
 from sparkdl.adapters import huggingface_step
 from sparkdl import UnidentifiableError
-from sparkdl.engine.fit_identity import (NOT_IN_IDENTITY, PARAMS_NOT_IN_IDENTITY, SETTER_STATE,
+from sparkdl.engine.fit.resume.fit_identity import (NOT_IN_IDENTITY, PARAMS_NOT_IN_IDENTITY, SETTER_STATE,
                                          fit_identity, params_identity)
 from sparkdl.runners import LocalPartitions
 from sparkdl.triggers import EarlyStopping, EveryEpoch, MaxEpoch, MaxIteration, SeveralIteration
@@ -372,7 +372,7 @@ def test_recurrent_scripted_and_compiled_models_have_a_stable_identity(tmp_path)
     assert [r.iteration for r in again.summary.iterations][:3] == [1, 2, 3]
     torch.manual_seed(0)
     scripted = torch.jit.script(torch.nn.Linear(3, 2))
-    from sparkdl.engine.content_digest import content_digest
+    from sparkdl.engine.fit.resume.content_digest import content_digest
     assert content_digest(scripted, "m") == content_digest(scripted, "m")
     compiled = torch.compile(torch.nn.Linear(3, 2))
     twin = torch.compile(compiled._orig_mod)

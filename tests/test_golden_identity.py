@@ -62,7 +62,7 @@ def _keys(directory: pathlib.Path) -> dict[str, dict]:
 
 def current(work: pathlib.Path) -> dict:
     """The keys of the four kinds of fits, computed now (in ``work``)."""
-    from sparkdl.engine.fit_identity import fit_identity
+    from sparkdl.engine.fit.resume.fit_identity import fit_identity
 
     shutil.rmtree(work, ignore_errors=True)
     out: dict = {"python": list(sys.version_info[:2]), "torch": torch.__version__}

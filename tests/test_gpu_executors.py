@@ -18,7 +18,7 @@ import torch
 from models import (JobCounter, SmallNet, bitwise_equal, classification_data, make_rdd,
                     max_abs_diff)
 from sparkdl import BatchPlan, DistriOptimizer, InvalidArgumentError
-from sparkdl.engine.loss_scaling import LossScaler
+from sparkdl.engine.fit.optim.loss_scaling import LossScaler
 from sparkdl.executor.devices import DeviceError, choose_device
 from sparkdl.triggers import MaxIteration
 from zoo_models import partitioned_reference_train

@@ -62,7 +62,7 @@ def max_difference(a: torch.nn.Module, b: torch.nn.Module) -> float:
 
 
 def test_visiting_orders_cover_every_partition_and_keep_models_apart():
-    from sparkdl.engine.hop_order import visiting_order
+    from sparkdl.engine.strategies.hop.order import visiting_order
 
     for epoch in range(3):
         orders = [visiting_order(0, epoch, m, 4) for m in range(6)]
@@ -96,7 +96,7 @@ def test_each_hopped_model_is_single_process_torch_in_its_visiting_order(hop_run
         difference = max_difference(fit.model, reference(k, position=k))
         assert difference <= 1e-6, (k, difference)
         assert max_difference(fit.model, make_model(k)[0]) > 1e-2      # it trained
-    from sparkdl.engine.hop_order import visiting_order
+    from sparkdl.engine.strategies.hop.order import visiting_order
 
     records = fits[1].summary.iterations         # one record per sub-epoch: its partition
     assert [r.records for r in records[:3]] == [SIZES[p] for p in visiting_order(0, 0, 1, 3)]
@@ -166,7 +166,7 @@ def test_epoch_schedulers_empty_partitions_and_unsaved_buffers_fused_or_not():
     epoch that ends on the empty partition: no task, the driver steps the scheduler) gives
     bitwise the fused models."""
     from sparkdl import DistriOptimizer, FitSet
-    from sparkdl.engine.hop_order import visiting_order
+    from sparkdl.engine.strategies.hop.order import visiting_order
     from sparkdl.runners import LocalPartitions
     from sparkdl.triggers import MaxEpoch, MinLoss
 
@@ -223,7 +223,7 @@ def test_a_non_finite_sub_epoch_keeps_the_good_ones_before_it_fused_or_not():
     """A fused run that meets a NaN in its third sub-epoch keeps the weights of the two
     before it, bitwise those of one job per sub-epoch, and says which sub-epoch failed."""
     from sparkdl import DistriOptimizer, FitSet
-    from sparkdl.engine.hop_order import visiting_order
+    from sparkdl.engine.strategies.hop.order import visiting_order
     from sparkdl.errors import NonFiniteError
     from sparkdl.runners import LocalPartitions
     from sparkdl.triggers import MaxEpoch, MinLoss

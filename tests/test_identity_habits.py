@@ -34,10 +34,10 @@ import torch
 
 from models import SmallNet, bitwise_equal, classification_data
 from sparkdl import CheckpointError, DistriOptimizer, FitSet, InvalidArgumentError, Loss
-from sparkdl.engine import checkpoint_directories
-from sparkdl.engine.checkpoint_directories import DirectoryHeldError, exclusive_directory
-from sparkdl.engine.content_digest import content_digest
-from sparkdl.engine.fit_identity import fit_identity
+from sparkdl.engine.fit.resume import checkpoint_directories
+from sparkdl.engine.fit.resume.checkpoint_directories import DirectoryHeldError, exclusive_directory
+from sparkdl.engine.fit.resume.content_digest import content_digest
+from sparkdl.engine.fit.resume.fit_identity import fit_identity
 from sparkdl.runners import LocalPartitions
 from sparkdl.triggers import (EarlyStopping, EveryEpoch, MaxEpoch, MaxIteration, MinLoss,
                               planned_iterations)
@@ -201,8 +201,8 @@ sys.path.insert(0, {tests!r})
 import mymodels
 from models import classification_data
 from sparkdl import DistriOptimizer
-from sparkdl.engine.content_digest import content_digest
-from sparkdl.engine.installed_code import library_version
+from sparkdl.engine.fit.resume.content_digest import content_digest
+from sparkdl.engine.fit.resume.installed_code import library_version
 from sparkdl.runners import LocalPartitions
 from sparkdl.triggers import EveryEpoch, MaxEpoch
 print("VERSION", library_version("mymodels"), flush=True)

@@ -20,7 +20,7 @@ from df_helpers import blobs, mlp4, vector_df
 from sparkdl import (DistriOptimizer, InvalidArgumentError, Loss, NNClassifier, NNEstimator,
                      Top1Accuracy)
 from sparkdl.data.batch_plan import BatchPlan
-from sparkdl.engine.mlflow_tracking import SUMMARY_ARTIFACT
+from sparkdl.engine.fit.reports.mlflow_tracking import SUMMARY_ARTIFACT
 from sparkdl.ml.mlflow_models import log_pytorch_model
 from sparkdl.ml.mlflow_runs import check_logging
 from sparkdl.runners import LocalPartitions

@@ -123,7 +123,7 @@ def test_an_error_of_the_whole_batch_fails_its_trials_and_the_study_goes_on(data
     """A job that fails for every fit (here: raised on the batch's fifth job, after some
     trials reported) ends the batch: its trials are FAIL, never COMPLETE with a partial value,
     and the next batch trains."""
-    from sparkdl.engine.pass_loop import PassLoop
+    from sparkdl.engine.strategies.sync.pass_jobs import PassLoop
 
     real, calls = PassLoop._iteration, []
 

@@ -1,6 +1,6 @@
 """Issue 36, acceptance 7: a set of fits is split into passes that stay within the memory Spark's
 settings give a pass, and a fit that alone exceeds a hard bound is refused before any job,
-naming the setting (sparkdl.engine.pass_memory)."""
+naming the setting (sparkdl.engine.strategies.sync.pass_memory)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from torch import nn
 
 from models import JobCounter, classification_data, make_rdd
 from sparkdl import DistriOptimizer, FitSet, InvalidArgumentError
-from sparkdl.engine.pass_memory import (Footprint, budgets, closure_budget, plan_passes,
+from sparkdl.engine.strategies.sync.pass_memory import (Footprint, budgets, closure_budget, plan_passes,
                                         spark_bytes)
 from sparkdl.triggers import MaxIteration
 

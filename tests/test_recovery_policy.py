@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkdl.engine.recovery import MAX_REBUILDS, ExecutorMemoryError, run_with_recovery
+from sparkdl.engine.fit.recovery import MAX_REBUILDS, ExecutorMemoryError, run_with_recovery
 from sparkdl.runners.cached_rdd import lost_data_reason, memory_kill_reason
 
 YARN_MEMORY = ("Job aborted due to stage failure: Task 3 in stage 7.0 failed 4 times, most recent "
@@ -95,7 +95,7 @@ EXECUTOR_HEAP = ("An error occurred while calling z:org.apache.spark.api.python.
 
 
 def test_a_driver_out_of_memory_is_reported_as_such_and_rebuilds_nothing():
-    from sparkdl.engine.recovery import DriverMemoryError
+    from sparkdl.engine.fit.recovery import DriverMemoryError
 
     runner = FakeRunner(DRIVER_OOM)
     with pytest.raises(DriverMemoryError, match=r"iteration 8: the driver ran out of memory "

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from sparkdl.engine.rng_isolation import private_torch_rng
+from sparkdl.engine.fit.optim.rng_isolation import private_torch_rng
 
 
 def slow_factory():

@@ -15,7 +15,7 @@ from torch import nn
 
 from models import JobCounter, bitwise_equal, make_rdd, max_abs_diff, reference_train
 from sparkdl import BatchPlan, DistriOptimizer, InvalidArgumentError, OptimizerSequence
-from sparkdl.engine.optimizer_sequence import optimizer_members
+from sparkdl.engine.fit.optim.optimizer_sequence import optimizer_members
 from sparkdl.data.ragged import Ragged
 from sparkdl.runners import LocalPartitions
 from sparkdl.transport.flat_layout import ParamLayout

@@ -23,7 +23,7 @@ from models import (BatchNormNet, DropoutNet, bitwise_equal, classification_data
                     reference_train, split_sizes)
 from sparkdl import DistriOptimizer
 from sparkdl.data.batch_plan import BatchPlan
-from sparkdl.engine.task_parallelism import (choose_sub_replicas, concurrency_hazard,
+from sparkdl.engine.fit.checks.task_parallelism import (choose_sub_replicas, concurrency_hazard,
                                              prefers_sub_replicas)
 from sparkdl.errors import InvalidArgumentError
 from sparkdl.executor.sub_replicas import sub_shares

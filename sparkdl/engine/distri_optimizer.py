@@ -2,8 +2,8 @@
 
 It checks every argument when constructed (before any cluster work), records what
 ``set_validation`` / ``set_checkpoint`` / ``set_tensorboard`` ask for, and in :meth:`optimize`
-builds one :class:`~sparkdl.engine.run_context.RunContext` and hands it to the
-:class:`~sparkdl.engine.training_loop.TrainingLoop`. Where the jobs run is the runner's business
+builds one :class:`~sparkdl.engine.fit.run_context.RunContext` and hands it to the
+:class:`~sparkdl.engine.strategies.sync.step.TrainingLoop`. Where the jobs run is the runner's business
 (:mod:`sparkdl.runners.interface`): an RDD runs on its SparkContext
 (:mod:`sparkdl.runners.spark_rdd`), :class:`sparkdl.runners.LocalPartitions` in process.
 
@@ -53,29 +53,29 @@ from ..transport.codecs import COMPRESSIONS
 from ..transport.flat_layout import ParamLayout
 from ..triggers import MaxEpoch, Trigger
 from ..training_step import TrainingStep, ValidationStep
-from .optimizer_sequence import as_optimizer, as_scheduler
-from .sparse_checks import check_sparse_gradients
-from .arguments import (check_criterion, check_lr_scheduler, check_optimizer, check_steps,
+from .fit.optim.optimizer_sequence import as_optimizer, as_scheduler
+from .fit.checks.sparse_checks import check_sparse_gradients
+from .fit.checks.arguments import (check_criterion, check_lr_scheduler, check_optimizer, check_steps,
                         check_training_data)
-from .checkpoint_directories import exclusive_directory, note_settings
-from .checkpointing import CheckpointSetup, Checkpoints
-from .clipping import GradientClipping, check_norm_clipping, check_value_clipping
-from .hop_loop import check_hop_settings
-from .hop_order import HopPlan
-from .fit_identity import data_digest, fit_identity, identity_directory, validation_decides
-from .loss_scaling import PRECISIONS, LossScaler
-from .mlflow_tracking import (FINISH_TIMEOUT_S, FLUSH_INTERVAL_S, MlflowSetup, MlflowTracker,
+from .fit.resume.checkpoint_directories import exclusive_directory, note_settings
+from .fit.resume.checkpointing import CheckpointSetup, Checkpoints
+from .fit.optim.clipping import GradientClipping, check_norm_clipping, check_value_clipping
+from .strategies.hop.jobs import check_hop_settings
+from .strategies.hop.order import HopPlan
+from .fit.resume.fit_identity import data_digest, fit_identity, identity_directory, validation_decides
+from .fit.optim.loss_scaling import PRECISIONS, LossScaler
+from .fit.reports.mlflow_tracking import (FINISH_TIMEOUT_S, FLUSH_INTERVAL_S, MlflowSetup, MlflowTracker,
                               active_run_id, check_mlflow, engine_params)
-from .data_checks import DataSpec, dry_run, sample_batch, summarize
-from .progress import check_tensorboard
-from .run_context import RunContext, RunSettings
+from .fit.checks.data_checks import DataSpec, dry_run, sample_batch, summarize
+from .fit.reports.progress import check_tensorboard
+from .fit.run_context import RunContext, RunSettings
 from ..runners.interface import RunnerOptions
 from ..data.ragged import model_arguments
-from .summary import TrainingSummary
-from .task_parallelism import choose_sub_replicas, concurrency_hazard, prefers_sub_replicas
-from .optimizer_sequence import needs_closure
-from .training_loop import TrainingLoop
-from .validation import Validation
+from .fit.reports.summary import TrainingSummary
+from .fit.checks.task_parallelism import choose_sub_replicas, concurrency_hazard, prefers_sub_replicas
+from .fit.optim.optimizer_sequence import needs_closure
+from .strategies.sync.step import TrainingLoop
+from .fit.validation import Validation
 
 __all__ = ["DistriOptimizer"]
 
@@ -187,7 +187,7 @@ class DistriOptimizer:
             training, without ``train_transform``; otherwise (and with one core per task or
             GPUs) one replica with intra-op threads; ``1``: always the latter; ``k``: ``k``
             sub-replicas (an error for a model that cannot). Exact either way
-            (:mod:`sparkdl.engine.task_parallelism`).
+            (:mod:`sparkdl.engine.fit.checks.task_parallelism`).
         exchange_dir: for the DataFrame runner that the estimators use under Spark Connect
             (:mod:`sparkdl.runners.connect_dataframe`): where weights above
             :data:`sparkdl.executor.exchange.CLOSURE_MAX_BYTES` travel; unused by RDD runs.
@@ -393,7 +393,7 @@ class DistriOptimizer:
         A checkpoint belongs to its fit: it is resumed only by a run with the same identity,
         derived from everything that decides the result (every argument and setter but those
         that cannot change the weights, objects by their content, the data's content hashes:
-        :mod:`sparkdl.engine.fit_identity`; not the end trigger's epoch or iteration count:
+        :mod:`sparkdl.engine.fit.resume.fit_identity`; not the end trigger's epoch or iteration count:
         training longer resumes); any other run gets a
         :class:`~sparkdl.errors.CheckpointError` naming what differs. With
         ``by_fit=True`` each fit instead writes to, and resumes from, its own subdirectory
@@ -477,7 +477,7 @@ class DistriOptimizer:
 
     def set_fit_identity(self, name: str) -> "DistriOptimizer":
         """Name this fit for its checkpoints. The identity of a fit is derived from everything
-        that decides its result (:mod:`sparkdl.engine.fit_identity`); an object sparkdl cannot
+        that decides its result (:mod:`sparkdl.engine.fit.resume.fit_identity`); an object sparkdl cannot
         hash deterministically (a function closing over a lock or a session) is refused unless
         the fit has a name: then ``name`` stands for each whole argument that could not be
         hashed, and a fit is resumed only by a fit with the same name and the same hashable rest. Give a new name
@@ -514,7 +514,7 @@ class DistriOptimizer:
         the settings as parameters once, then ``train/loss``, ``train/samples_per_s``,
         ``train/learning_rate`` per iteration and ``validation/<metric>`` per validation with
         ``step`` = the iteration, and the summary as the artifact
-        ``sparkdl/training_summary.json`` (:mod:`sparkdl.engine.mlflow_tracking`).
+        ``sparkdl/training_summary.json`` (:mod:`sparkdl.engine.fit.reports.mlflow_tracking`).
 
         The run: ``run_id`` (left open); else a new child run of ``parent_run_id``; else the run
         active in the thread that calls :meth:`optimize`; else a new run (``run_name``) in
@@ -580,8 +580,8 @@ class DistriOptimizer:
         checkpoint directory and its resume, the data held (once per pass), the dry run, the
         plan, the model shipped to the tasks. Returns the fit's run, whose ``loop`` the pass
         drives; :meth:`_end` ends it, whatever happened. ``hop``: ``(seed, position)`` when
-        the fit trains by model hopping (:mod:`sparkdl.engine.hop_loop`): its plan is then a
-        :class:`~sparkdl.engine.hop_order.HopPlan`."""
+        the fit trains by model hopping (:mod:`sparkdl.engine.strategies.hop.jobs`): its plan is then a
+        :class:`~sparkdl.engine.strategies.hop.order.HopPlan`."""
         if hop is not None:
             options = self.settings.runner_options
             check_hop_settings(_OWNER, options.precision, options.device)

@@ -25,7 +25,7 @@ passes of their own, and the log says why. Within a pass each fit keeps its own 
 per fit, by block on the shuffle path; each fit's weights refreshed by its own row deltas).
 Under Spark Connect passes run as DataFrame jobs (:mod:`sparkdl.runners.connect_dataframe`),
 fits with the same ``exchange_dir``. The iterations of a
-pass: :mod:`sparkdl.engine.pass_loop`; each fit's view of the pass's runner and data:
+pass: :mod:`sparkdl.engine.strategies.sync.pass_jobs`; each fit's view of the pass's runner and data:
 :mod:`sparkdl.runners.fit_view`.
 
 Example::
@@ -48,10 +48,10 @@ from ..errors import InvalidArgumentError
 from ..runners.fit_view import FitView, shares_passes
 from ..spark_settings import spark_setting
 from ..transport.flat_layout import ParamLayout
-from .checkpoint_directories import DirectoryHeldError, check_shared_directories
-from .hop_loop import HopLoop, HopMember
-from .pass_loop import PassLoop
-from .pass_memory import (Budget, Footprint, budgets, closure_budget, describe, footprint,
+from .fit.resume.checkpoint_directories import DirectoryHeldError, check_shared_directories
+from .strategies.hop.jobs import HopLoop, HopMember
+from .strategies.sync.pass_jobs import PassLoop
+from .strategies.sync.pass_memory import (Budget, Footprint, budgets, closure_budget, describe, footprint,
                           plan_passes)
 
 __all__ = ["FitSet", "SharedRunner", "pass_key", "STRATEGIES"]
@@ -59,7 +59,7 @@ __all__ = ["FitSet", "SharedRunner", "pass_key", "STRATEGIES"]
 STRATEGIES = ("together", "hop")
 """How a :class:`FitSet` trains its fits: ``"together"`` (the pass: one data-parallel job per
 iteration for all of them, each fit exactly its fit alone) or ``"hop"`` (model hopping: whole
-models trained where the data sits, one job per sub-epoch; :mod:`sparkdl.engine.hop_loop`)."""
+models trained where the data sits, one job per sub-epoch; :mod:`sparkdl.engine.strategies.hop.jobs`)."""
 
 log = logging.getLogger("sparkdl")
 
@@ -122,11 +122,11 @@ class FitSet:
             (a classic session or in process), and every fit must train on its data.
         strategy: ``"together"`` (default: passes; each fit bitwise its data-parallel fit
             alone, the model you would train afterwards) or ``"hop"`` (model hopping,
-            :mod:`sparkdl.engine.hop_loop`: each model trained whole with sequential SGD,
+            :mod:`sparkdl.engine.strategies.hop.jobs`: each model trained whole with sequential SGD,
             partition after partition; the faster way to select among many models; a classic
             SparkContext or LocalPartitions).
         hop_seed: with ``"hop"``, seeds the epochs' partition orders
-            (:func:`sparkdl.engine.hop_order.visiting_order`).
+            (:func:`sparkdl.engine.strategies.hop.order.visiting_order`).
         hop_positions: with ``"hop"``, each fit's rotation position (default: its place in
             ``fits``); a model's visiting order, and so its result, depends on its position and
             ``hop_seed`` only: ``FitSet([fit], strategy="hop", hop_positions=[3])`` trains it
@@ -179,7 +179,7 @@ class FitSet:
     def groups(self) -> list[list[int]]:
         """The fits' positions, by pass: fits that can share one, in order of first appearance
         (a fit that cannot share any trains alone), split further where a pass would exceed
-        the memory Spark's settings give it (:mod:`sparkdl.engine.pass_memory`; a fit that
+        the memory Spark's settings give it (:mod:`sparkdl.engine.strategies.sync.pass_memory`; a fit that
         alone exceeds a hard bound is refused here, before any job)."""
         groups: dict[tuple[Any, ...], list[int]] = {}
         footprints: dict[int, Footprint] = {}
@@ -244,12 +244,12 @@ class FitSet:
         return [fit.model for fit in self.fits]
 
     def _run_hop(self, group: list[int], keep_going: bool) -> list[int]:
-        """The fits of ``group`` trained by model hopping (:mod:`sparkdl.engine.hop_loop`);
+        """The fits of ``group`` trained by model hopping (:mod:`sparkdl.engine.strategies.hop.jobs`);
         returns those left for a later pass."""
         return self._train_group(group, keep_going, hop=True)
 
     def _run_pass(self, group: list[int], keep_going: bool) -> list[int]:
-        """The fits of ``group`` trained in one pass (:mod:`sparkdl.engine.pass_loop`), or one
+        """The fits of ``group`` trained in one pass (:mod:`sparkdl.engine.strategies.sync.pass_jobs`), or one
         after another on a runner that cannot run passes; returns those left for a later
         pass."""
         return self._train_group(group, keep_going, hop=False)

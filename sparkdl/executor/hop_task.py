@@ -62,7 +62,7 @@ class HopBundle:
     spec: ReplicaSpec
     optimizer: Any
     lr_scheduler: Any = None       # stepped in the task (not a metric scheduler per epoch)
-    clipping: Any = None           # sparkdl.engine.clipping.GradientClipping, or None
+    clipping: Any = None           # sparkdl.engine.fit.optim.clipping.GradientClipping, or None
 
 
 @dataclass(frozen=True)

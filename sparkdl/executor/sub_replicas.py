@@ -12,7 +12,7 @@ Exactness: the split (:func:`sub_shares`) depends only on the share and ``S``, a
 of the run, and the vectors are summed in sub-replica order, never in the order the threads
 finish, so the sum is the same on any executor, in any retry. Sub-replicas run concurrently, so
 they may not draw random numbers (torch's generator is one per process) nor change buffers; the
-driver checks both before training (:mod:`sparkdl.engine.task_parallelism`).
+driver checks both before training (:mod:`sparkdl.engine.fit.checks.task_parallelism`).
 
 Example::
 

@@ -35,9 +35,9 @@ from ..data.dataframe_arrays import (check_label_column, check_weight_column, fe
                                      frame_blocks, input_expressions, numpy_float_dtype)
 from ..data.dataframe_partitions import default_parallelism
 from ..engine.distri_optimizer import DistriOptimizer
-from ..engine.fit_identity import params_identity
-from ..engine.optimizer_sequence import as_optimizer
-from ..engine.rng_isolation import private_torch_rng
+from ..engine.fit.resume.fit_identity import params_identity
+from ..engine.fit.optim.optimizer_sequence import as_optimizer
+from ..engine.fit.optim.rng_isolation import private_torch_rng
 from ..executor.step import as_model_input
 from ..losses import CLASS_INDEX_LOSSES, IGNORE_INDEX
 from ..metrics import prediction_tensor

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..engine.mlflow_tracking import check_mlflow
+from ..engine.fit.reports.mlflow_tracking import check_mlflow
 from ..errors import InvalidArgumentError
 from ..executor.step import as_model_input
 from ..metrics import prediction_tensor

@@ -1,7 +1,7 @@
 """Which MLflow run an estimator's ``fit`` logs to, and its parameters (driver side).
 
 With ``mlflowLogging=True`` a fit logs through the engine
-(:meth:`sparkdl.DistriOptimizer.set_mlflow`, :mod:`sparkdl.engine.mlflow_tracking`): the
+(:meth:`sparkdl.DistriOptimizer.set_mlflow`, :mod:`sparkdl.engine.fit.reports.mlflow_tracking`): the
 estimator's Params (plus the model's and the criterion's class) as the run's parameters, the
 per-iteration loss, throughput and learning rate, the validation metrics and the summary
 artifact. The run:
@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from ..engine.mlflow_tracking import active_run_id, check_mlflow
+from ..engine.fit.reports.mlflow_tracking import active_run_id, check_mlflow
 
 __all__ = ["check_logging", "tuning_stages", "configure_mlflow", "stage_params"]
 

@@ -16,7 +16,7 @@ from pyspark.ml.param.shared import (HasFeaturesCol, HasLabelCol, HasPredictionC
 
 from ..argument_checks import argument_error
 from ..errors import InvalidArgumentError
-from ..engine.loss_scaling import PRECISIONS
+from ..engine.fit.optim.loss_scaling import PRECISIONS
 from ..engine.fit_set import STRATEGIES
 from ..executor.devices import DEVICES
 from ..spark_compat import HasBatchSize, HasLearningRate, HasMomentum, HasNumTrainWorkers

@@ -1,6 +1,6 @@
 """The seam between the SGD loop and the cluster: what the loop asks of "the executors".
 
-The loop (:mod:`sparkdl.engine.training_loop`) never touches Spark. It asks an
+The loop (:mod:`sparkdl.engine.strategies.sync.step`) never touches Spark. It asks an
 :class:`IterationRunner` to hold the training and validation data where the tasks run, to run one
 iteration's job (weights in, the sum over partitions of every task's flat vector out, with the
 tasks' reports), to run a validation job, and to repair lost data. Implementations:
@@ -75,7 +75,7 @@ class IterationRunner(Protocol):
 
     def task_cores(self) -> int:
         """The cores each task owns (``spark.task.cpus``; 1 in process): what sub-replicas
-        default to (:mod:`sparkdl.engine.task_parallelism`)."""
+        default to (:mod:`sparkdl.engine.fit.checks.task_parallelism`)."""
 
     def schedules_gpus(self) -> bool:
         """Whether the cluster gives the executors GPUs (then a task keeps one replica)."""

@@ -273,7 +273,7 @@ class SparkRddRunner:
 
     def hop(self, data: CachedData, bundles: dict[int, bytes],
             assignments: dict[int, list[tuple[int, HopSpec]]]) -> dict[int, HopPartitionResult]:
-        """One sub-epoch of model hopping (:mod:`sparkdl.engine.hop_loop`): the models'
+        """One sub-epoch of model hopping (:mod:`sparkdl.engine.strategies.hop.jobs`): the models'
         bundles in one broadcast, each partition's task training the models assigned to it on
         its shard (a partition whose task ran where its shard is not is filled, as a gradient
         job's); the results by partition."""

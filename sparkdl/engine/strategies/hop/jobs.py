@@ -2,7 +2,7 @@
 for all of them (driver side; Cerebro's model hopper parallelism).
 
 An epoch is ``P`` sub-epochs over the ``P`` cached training partitions. In each sub-epoch every
-active fit's model is on one partition (:mod:`sparkdl.engine.hop_order`); the task of partition
+active fit's model is on one partition (:mod:`sparkdl.engine.strategies.hop.order`); the task of partition
 ``i`` trains the models on ``i``, one after another, with plain sequential SGD over its shard
 (:func:`sparkdl.executor.hop_task.train_on_shard`): each model's own batch size, optimizer,
 per-iteration scheduler, clipping and seed. Only weights and optimizer states travel, at most once
@@ -45,20 +45,20 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..errors import InvalidArgumentError, SparkdlError, raise_reported
-from ..executor.hop_task import (HopBundle, HopReport, HopSpec, Visit, VisitRecord,
+from ....errors import InvalidArgumentError, SparkdlError, raise_reported
+from ....executor.hop_task import (HopBundle, HopReport, HopSpec, Visit, VisitRecord,
                                  step_epoch_scheduler)
-from ..executor.process_memory import current_rss_bytes
-from ..executor.replicas import ReplicaSpec, load_non_persistent_buffers
-from ..triggers import (EveryEpoch, MaxEpoch, MaxIteration, SeveralIteration, TrainingState,
+from ....executor.process_memory import current_rss_bytes
+from ....executor.replicas import ReplicaSpec, load_non_persistent_buffers
+from ....triggers import (EveryEpoch, MaxEpoch, MaxIteration, SeveralIteration, TrainingState,
                         Trigger, TriggerAnd, TriggerOr)
-from .optimizer_sequence import needs_closure, scheduler_needs_metric
-from .pass_loop import PassLoop
-from .recovery import run_with_recovery
-from .run_context import RunContext
-from .summary import IterationRecord
-from .training_loop import stop_not_finite
-from .update_threads import one_update_thread
+from ...fit.optim.optimizer_sequence import needs_closure, scheduler_needs_metric
+from ..sync.pass_jobs import PassLoop
+from ...fit.recovery import run_with_recovery
+from ...fit.run_context import RunContext
+from ...fit.reports.summary import IterationRecord
+from ..sync.step import stop_not_finite
+from ...fit.optim.update_threads import one_update_thread
 
 __all__ = ["HopMember", "HopLoop", "horizon", "next_change", "check_hop_settings"]
 
@@ -82,11 +82,11 @@ def check_hop_settings(owner: str, precision: str, device: str) -> None:
 @dataclass
 class HopMember:
     """One fit of a hop: its run context (whose ``plan`` is a
-    :class:`sparkdl.engine.hop_order.HopPlan`), its loop (progress, best weights), and the spec
+    :class:`sparkdl.engine.strategies.hop.order.HopPlan`), its loop (progress, best weights), and the spec
     its model ships with."""
 
     ctx: RunContext
-    loop: Any                       # sparkdl.engine.training_loop.TrainingLoop
+    loop: Any                       # sparkdl.engine.strategies.sync.step.TrainingLoop
     spec: ReplicaSpec
     cap: int = 0
     """When > 0: the next job runs at most this many sub-epochs (those that trained well
@@ -161,7 +161,7 @@ def horizon(member: HopMember) -> int:
 
 class HopLoop(PassLoop):
     """Runs the fits of ``members`` by model hopping until every fit's end trigger fired (see
-    the module docstring): :class:`~sparkdl.engine.pass_loop.PassLoop`'s loop over the fits,
+    the module docstring): :class:`~sparkdl.engine.strategies.sync.pass_jobs.PassLoop`'s loop over the fits,
     with hop jobs. ``keep_going``: a fit that fails leaves with its error kept in
     :attr:`errors` (by position), the others go on; else the error is raised at once."""
 

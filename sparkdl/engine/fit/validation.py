@@ -3,7 +3,7 @@
 The runner computes per-partition metric sums on the validation shards
 (:meth:`IterationRunner.evaluate`); here they are added in partition order and turned into the
 metrics (:mod:`sparkdl.metrics`). A partition whose shard was lost is rebuilt and the job re-run
-(:func:`sparkdl.engine.recovery.run_with_recovery`), so a metric always covers every sample.
+(:func:`sparkdl.engine.fit.recovery.run_with_recovery`), so a metric always covers every sample.
 
 Example::
 
@@ -19,14 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import raise_reported
-from ..metrics import ValidationMetric, threshold_warning
-from ..triggers import TrainingState, Trigger
+from ...errors import raise_reported
+from ...metrics import ValidationMetric, threshold_warning
+from ...triggers import TrainingState, Trigger
 from .recovery import run_with_recovery
 from .run_context import RunContext
-from ..runners.held_data import not_found
-from ..runners.interface import DataHandle, PartitionMetrics
-from .summary import ValidationRecord
+from ...runners.held_data import not_found
+from ...runners.interface import DataHandle, PartitionMetrics
+from .reports.summary import ValidationRecord
 
 __all__ = ["Validation"]
 

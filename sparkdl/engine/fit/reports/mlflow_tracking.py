@@ -39,9 +39,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 from urllib.parse import urlparse
 
-from ..errors import InvalidArgumentError
+from ....errors import InvalidArgumentError
 from .summary import IterationRecord, TrainingSummary, ValidationRecord
-from .optimizer_sequence import OptimizerSequence, SchedulerSequence
+from ..optim.optimizer_sequence import OptimizerSequence, SchedulerSequence
 
 __all__ = ["MlflowSetup", "MlflowTracker", "check_mlflow", "active_run_id", "engine_params",
            "FLUSH_INTERVAL_S", "FINISH_TIMEOUT_S", "MAX_PENDING", "SUMMARY_ARTIFACT"]
@@ -178,7 +178,7 @@ def _summary_json(summary: TrainingSummary, status: str) -> str:
 class MlflowTracker:
     """Logs one ``optimize`` call to MLflow from a daemon thread (see the module's docstring).
 
-    The loop's :class:`~sparkdl.engine.progress.ProgressReporter` calls :meth:`iteration` and
+    The loop's :class:`~sparkdl.engine.fit.reports.progress.ProgressReporter` calls :meth:`iteration` and
     :meth:`validation` (cheap: the values are appended to a list); ``optimize`` calls
     :meth:`finish` once. ``run_id`` is the run logged to, once the thread has found or created
     it (None before, or when MLflow could not be reached).

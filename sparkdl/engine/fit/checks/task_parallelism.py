@@ -27,10 +27,10 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from ..errors import InvalidArgumentError
-from ..executor.replicas import set_training_modes, training_modes
-from ..training_step import step_loss_terms
-from .rng_isolation import private_torch_rng
+from ....errors import InvalidArgumentError
+from ....executor.replicas import set_training_modes, training_modes
+from ....training_step import step_loss_terms
+from ..optim.rng_isolation import private_torch_rng
 
 __all__ = ["choose_sub_replicas", "concurrency_hazard", "prefers_sub_replicas"]
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 from typing import Callable, TypeVar
 
-from ..errors import SparkdlError
-from ..runners.cached_rdd import driver_memory_reason
-from ..runners.interface import DataHandle, IterationRunner
+from ...errors import SparkdlError
+from ...runners.cached_rdd import driver_memory_reason
+from ...runners.interface import DataHandle, IterationRunner
 
 __all__ = ["MAX_REBUILDS", "run_with_recovery", "ExecutorMemoryError", "DriverMemoryError"]
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..argument_checks import argument_error
+from ....argument_checks import argument_error
 
 __all__ = ["GradientClipping", "check_norm_clipping", "check_value_clipping"]
 

@@ -20,18 +20,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..data.ragged import model_arguments
-from ..data.records import mixed_kinds_message, numeric_kind
-from ..losses import CLASS_INDEX_LOSSES
-from ..errors import (EmptyDataError, InvalidArgumentError, ModelCriterionMismatchError,
+from ....data.ragged import model_arguments
+from ....data.records import mixed_kinds_message, numeric_kind
+from ....losses import CLASS_INDEX_LOSSES
+from ....errors import (EmptyDataError, InvalidArgumentError, ModelCriterionMismatchError,
                       TrainingDataError, TrainingStepError)
-from ..executor.replicas import set_training_modes, training_modes
-from ..metrics import Loss, prediction_tensor, uses_step_loss
-from ..training_step import step_loss_sums, step_loss_terms
-from ..executor.id_checks import IdOrigin, argument_names, checked_ids
-from ..executor.shard_store import ShardSummary
-from ..executor.step import as_model_input
-from .rng_isolation import private_torch_rng
+from ....executor.replicas import set_training_modes, training_modes
+from ....metrics import Loss, prediction_tensor, uses_step_loss
+from ....training_step import step_loss_sums, step_loss_terms
+from ....executor.id_checks import IdOrigin, argument_names, checked_ids
+from ....executor.shard_store import ShardSummary
+from ....executor.step import as_model_input
+from ..optim.rng_isolation import private_torch_rng
 
 __all__ = ["DataSpec", "summarize", "dry_run", "sample_batch"]
 

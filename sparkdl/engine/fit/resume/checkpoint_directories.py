@@ -27,8 +27,8 @@ import threading
 import uuid
 from typing import Any, Iterator, Sequence
 
-from ..errors import CheckpointError, UnidentifiableError
-from ..storage.file_systems import FileSystemAccess
+from ....errors import CheckpointError, UnidentifiableError
+from ....storage.file_systems import FileSystemAccess
 from .checkpointing import shown
 from .content_digest import content_digest
 from .fit_identity import fit_identity

@@ -14,7 +14,7 @@ touches Spark.
 
 Example::
 
-    TrainingLoop(ctx).run()       # ctx: a sparkdl.engine.run_context.RunContext
+    TrainingLoop(ctx).run()       # ctx: a sparkdl.engine.fit.run_context.RunContext
 """
 
 from __future__ import annotations
@@ -29,22 +29,22 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..errors import (NonFiniteError, SparkdlError, TrainingDataError, TrainingStepError,
+from ....errors import (NonFiniteError, SparkdlError, TrainingDataError, TrainingStepError,
                       raise_reported)
-from ..executor.process_memory import current_rss_bytes
-from ..executor.step import StepSpec
-from ..transport.allreduce import AllReduceResult
-from ..transport.flat_layout import combine_buffers, summed_presence
-from ..transport.table_rows import gather_rows, rows_finite, scale_rows
-from ..transport.weight_refresh import DriverWeights, StateVersion, row_local_tables
-from ..triggers import EarlyStopping, TrainingState, planned_iterations
-from .optimizer_sequence import needs_closure, optimizer_members, scheduler_needs_metric
-from .pass_loop import PassLoop
-from .progress import ProgressReporter
-from .recovery import run_with_recovery
-from .run_context import RunContext
-from .summary import IterationRecord
-from .update_threads import one_update_thread
+from ....executor.process_memory import current_rss_bytes
+from ....executor.step import StepSpec
+from ....transport.allreduce import AllReduceResult
+from ....transport.flat_layout import combine_buffers, summed_presence
+from ....transport.table_rows import gather_rows, rows_finite, scale_rows
+from ....transport.weight_refresh import DriverWeights, StateVersion, row_local_tables
+from ....triggers import EarlyStopping, TrainingState, planned_iterations
+from ...fit.optim.optimizer_sequence import needs_closure, optimizer_members, scheduler_needs_metric
+from .pass_jobs import PassLoop
+from ...fit.reports.progress import ProgressReporter
+from ...fit.recovery import run_with_recovery
+from ...fit.run_context import RunContext
+from ...fit.reports.summary import IterationRecord
+from ...fit.optim.update_threads import one_update_thread
 
 __all__ = ["TrainingLoop", "stop_not_finite"]
 
@@ -113,7 +113,7 @@ class TrainingLoop:
         self._iteration_level = logging.INFO
 
     def run(self) -> None:
-        """Train this fit alone: a pass of one (:class:`sparkdl.engine.pass_loop.PassLoop`)."""
+        """Train this fit alone: a pass of one (:class:`sparkdl.engine.strategies.sync.pass_jobs.PassLoop`)."""
         PassLoop([self]).run()
 
     def start(self) -> bool:

@@ -9,7 +9,7 @@ everything that decides its result, not from a list of knobs someone remembered:
 * the state every setter left (clipping; validation wherever it decides anything: an
   EarlyStopping end trigger or a scheduler stepped on a metric), except the setters in
   :data:`NOT_IN_IDENTITY`;
-* objects by their content (:mod:`sparkdl.engine.content_digest`): the model's class,
+* objects by their content (:mod:`sparkdl.engine.fit.resume.content_digest`): the model's class,
   attributes, hooks and initial weights, the criterion's settings, functions' code and closure
   values, the optimizer's class, hyperparameters and state, the schedulers' lambdas and state;
 * the training data's (and, where validation decides, the validation data's) content hashes;
@@ -32,10 +32,10 @@ import hashlib
 import inspect
 from typing import Any, Mapping, Sequence
 
-from ..triggers import EarlyStopping
-from ..errors import UnidentifiableError
+from ....triggers import EarlyStopping
+from ....errors import UnidentifiableError
 from .content_digest import content_digest
-from .optimizer_sequence import OptimizerSequence, optimizer_members, scheduler_needs_metric
+from ..optim.optimizer_sequence import OptimizerSequence, optimizer_members, scheduler_needs_metric
 
 __all__ = ["fit_identity", "data_digest", "identity_directory", "params_identity",
            "NOT_IN_IDENTITY", "PARAMS_NOT_IN_IDENTITY", "SETTER_STATE", "IDENTITY_VERSION",
@@ -108,7 +108,7 @@ def current_argument(opt: Any, name: str) -> Any:
         if hasattr(holder, name):
             return getattr(holder, name)
     raise AttributeError(f"DistriOptimizer keeps no value for its argument {name!r}: add it to "
-                         "sparkdl.engine.fit_identity.NOT_IN_IDENTITY with the reason it cannot "
+                         "sparkdl.engine.fit.resume.fit_identity.NOT_IN_IDENTITY with the reason it cannot "
                          "change the weights, or keep it as an attribute")
 
 
@@ -132,7 +132,7 @@ def _optimizer(optimizer: Any, model: Any, named: bool) -> dict[str, Any]:
 
 IDENTITY_VERSION = 2
 """Checkpoints whose key lacks it predate identities derived from content: only their data and
-reproducibility settings can be compared (:meth:`sparkdl.engine.checkpointing.Checkpoints.
+reproducibility settings can be compared (:meth:`sparkdl.engine.fit.resume.checkpointing.Checkpoints.
 restore`)."""
 
 

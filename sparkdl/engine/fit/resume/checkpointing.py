@@ -29,12 +29,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import CheckpointError
-from ..executor.replicas import load_non_persistent_buffers, non_persistent_buffers
-from ..storage.checkpoint_store import FORMAT_VERSION, CheckpointStore
-from ..triggers import Trigger, planned_iterations
-from .run_context import KEY_DEFAULTS, RunContext
-from .summary import IterationRecord, TrainingSummary, ValidationRecord
+from ....errors import CheckpointError
+from ....executor.replicas import load_non_persistent_buffers, non_persistent_buffers
+from ....storage.checkpoint_store import FORMAT_VERSION, CheckpointStore
+from ....triggers import Trigger, planned_iterations
+from ..run_context import KEY_DEFAULTS, RunContext
+from ..reports.summary import IterationRecord, TrainingSummary, ValidationRecord
 
 __all__ = ["CheckpointSetup", "Checkpoints", "shown"]
 

@@ -4,7 +4,7 @@
 :class:`RunContext` adds the torch objects, the runner and its data, the batch plan, the optional
 validation and checkpointing, and what changes as the run goes (the iteration, the summary).
 :meth:`sparkdl.DistriOptimizer.optimize` builds one and hands it to
-:class:`sparkdl.engine.training_loop.TrainingLoop`.
+:class:`sparkdl.engine.strategies.sync.step.TrainingLoop`.
 
 Example::
 
@@ -20,12 +20,12 @@ from typing import Any
 
 from torch import nn
 
-from ..data.batch_plan import BatchPlan
-from ..losses import divided_on_driver
-from ..transport.flat_layout import ParamLayout
-from ..triggers import Trigger
-from ..runners.interface import DataHandle, IterationRunner, RunnerOptions
-from .summary import TrainingSummary
+from ...data.batch_plan import BatchPlan
+from ...losses import divided_on_driver
+from ...transport.flat_layout import ParamLayout
+from ...triggers import Trigger
+from ...runners.interface import DataHandle, IterationRunner, RunnerOptions
+from .reports.summary import TrainingSummary
 
 __all__ = ["RunSettings", "RunContext", "KEY_DEFAULTS"]
 
@@ -44,7 +44,7 @@ class RunSettings:
     tensorboard_dir: str | None = None
     sample_weights: bool = False
     sub_replicas: int = 1
-    """Sub-replicas per task (:mod:`sparkdl.engine.task_parallelism`), decided at the run's
+    """Sub-replicas per task (:mod:`sparkdl.engine.fit.checks.task_parallelism`), decided at the run's
     start (the DistriOptimizer's own setting is the user's request, None for automatic)."""
 
     def reproducibility_key(self, plan: BatchPlan) -> dict[str, Any]:
@@ -81,10 +81,10 @@ class RunContext:
     runner: IterationRunner
     train: DataHandle
     plan: BatchPlan
-    validation: Any = None        # sparkdl.engine.validation.Validation, or None
-    checkpoints: Any = None       # sparkdl.engine.checkpointing.Checkpoints, or None
-    clipping: Any = None          # sparkdl.engine.clipping.GradientClipping, or None
-    loss_scaler: Any = None       # sparkdl.engine.loss_scaling.LossScaler for "16-mixed"
+    validation: Any = None        # sparkdl.engine.fit.validation.Validation, or None
+    checkpoints: Any = None       # sparkdl.engine.fit.resume.checkpointing.Checkpoints, or None
+    clipping: Any = None          # sparkdl.engine.fit.optim.clipping.GradientClipping, or None
+    loss_scaler: Any = None       # sparkdl.engine.fit.optim.loss_scaling.LossScaler for "16-mixed"
     listeners: list[Any] = field(default_factory=list)
     """Also fed every iteration and validation record (the MLflow tracker), owned by the
     caller."""
@@ -93,7 +93,7 @@ class RunContext:
     training_step: Any = None
     """The user's training step (:mod:`sparkdl.training_step`), or None for the criterion."""
     fit_key: dict[str, Any] = field(default_factory=dict)
-    """The fit's data, hyperparameters and initial weights (:mod:`sparkdl.engine.fit_identity`)."""
+    """The fit's data, hyperparameters and initial weights (:mod:`sparkdl.engine.fit.resume.fit_identity`)."""
     best_states: dict[int, dict[str, Any]] = field(default_factory=dict)
     """Weights kept for early stops with ``restore_best``, by the trigger's position among the
     end trigger's EarlyStopping triggers."""

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..errors import InvalidArgumentError
+from ....errors import InvalidArgumentError
 
 __all__ = ["OptimizerSequence", "SchedulerSequence", "as_optimizer", "as_scheduler",
            "optimizer_members", "needs_closure", "scheduler_needs_metric",

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..argument_checks import argument_error
-from ..errors import InvalidArgumentError
-from .optimizer_sequence import (SchedulerSequence, required_step_arguments,
+from ....argument_checks import argument_error
+from ....errors import InvalidArgumentError
+from ..optim.optimizer_sequence import (SchedulerSequence, required_step_arguments,
                                  scheduler_needs_metric)
 
 __all__ = ["check_training_data", "check_criterion", "check_steps", "check_optimizer",
@@ -28,9 +28,9 @@ def check_training_data(name: str, owner: str, value: Any) -> Any:
     estimators' :class:`~sparkdl.data.dataframe_arrays.DataFrameBlocks`)."""
     from pyspark import RDD
 
-    from ..data.dataframe_arrays import DataFrameBlocks
-    from ..runners.in_process import LocalPartitions
-    from ..storage.file_systems import is_connect_object
+    from ....data.dataframe_arrays import DataFrameBlocks
+    from ....runners.in_process import LocalPartitions
+    from ....storage.file_systems import is_connect_object
 
     if isinstance(value, (RDD, LocalPartitions, DataFrameBlocks)):
         return value

@@ -1,7 +1,7 @@
 """Several fits' SGD loops run as one sequence of iterations, one gradient job each (driver
 side).
 
-:class:`PassLoop` drives the :class:`sparkdl.engine.training_loop.TrainingLoop` of every fit of a
+:class:`PassLoop` drives the :class:`sparkdl.engine.strategies.sync.step.TrainingLoop` of every fit of a
 pass (:mod:`sparkdl.engine.fit_set`): each iteration it asks every active loop for its step and
 weights (``request``), runs one job for all of them (the runner's ``gradients_together``, with
 the same recovery as a single fit's job), and hands each loop its own result (``complete``). A
@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Sequence
 
-from ..transport.allreduce import AllReduceResult
-from .recovery import run_with_recovery
+from ....transport.allreduce import AllReduceResult
+from ...fit.recovery import run_with_recovery
 
 __all__ = ["PassLoop"]
 
@@ -26,7 +26,7 @@ log = logging.getLogger("sparkdl")
 
 
 class PassLoop:
-    """Runs the loops (:class:`sparkdl.engine.training_loop.TrainingLoop`) of fits that share a
+    """Runs the loops (:class:`sparkdl.engine.strategies.sync.step.TrainingLoop`) of fits that share a
     runner and training data as one sequence of iterations, one job each, until every fit's end
     trigger fired. ``keep_going``: a fit that fails leaves the pass with its error kept in
     :attr:`errors` (by its position) and the others go on; else the error is raised at once."""

@@ -44,10 +44,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..errors import InvalidArgumentError
-from ..executor.exchange import CLOSURE_MAX_BYTES, FILE_ABOVE_BYTES
-from ..transport.allreduce import choose_allreduce
-from ..transport.flat_layout import ParamLayout
+from ....errors import InvalidArgumentError
+from ....executor.exchange import CLOSURE_MAX_BYTES, FILE_ABOVE_BYTES
+from ....transport.allreduce import choose_allreduce
+from ....transport.flat_layout import ParamLayout
 
 __all__ = ["Footprint", "Budget", "footprint", "budgets", "closure_budget", "plan_passes",
            "describe", "spark_bytes"]

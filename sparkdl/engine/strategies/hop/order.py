@@ -1,5 +1,5 @@
 """Which partition a hopping model visits when (driver side; model hopping,
-:mod:`sparkdl.engine.hop_loop`).
+:mod:`sparkdl.engine.strategies.hop.jobs`).
 
 An epoch of model hopping is ``P`` sub-epochs over ``P`` partitions. Epoch ``e`` has one seeded
 permutation of the partitions, shared by every model of the set; the model in rotation

@@ -1,6 +1,6 @@
 """A deterministic digest of what a Python object computes with (driver side).
 
-The fit identity (:mod:`sparkdl.engine.fit_identity`) must be the same for the same fit in
+The fit identity (:mod:`sparkdl.engine.fit.resume.fit_identity`) must be the same for the same fit in
 another Python process (a restarted driver) and differ whenever anything that decides the
 result differs. So objects are hashed by their content, never by ``id()``, ``hash()`` or a
 ``repr`` holding a memory address:
@@ -12,7 +12,7 @@ result differs. So objects are hashed by their content, never by ``id()``, ``has
 * functions: their code (bytecode, constants, names; not file names or line numbers), default
   arguments, closure values and the module-level values they name (functions and classes of
   installed libraries and the standard library by module and name, as their code is fixed by
-  what is installed, :mod:`sparkdl.engine.installed_code`; the attributes the code names of
+  what is installed, :mod:`sparkdl.engine.fit.resume.installed_code`; the attributes the code names of
   the user's own modules, ``cfg.LR``); a closure or module-level value the code only reads
   attributes from (``args.decay`` of an argparse Namespace) by its class and those attributes;
   a method of a module's hidden global generator (``random.random``, ``numpy.random.rand``)
@@ -37,7 +37,7 @@ hashes a battery of kinds in two processes), not on a global generator's state.
 
 What has no such content (a lock, a socket, a Spark session: objects without attributes that
 cannot be pickled either) raises :class:`UnidentifiableError` naming where it was reached; the
-caller decides what an explicit fit identity replaces (:mod:`sparkdl.engine.fit_identity`: the
+caller decides what an explicit fit identity replaces (:mod:`sparkdl.engine.fit.resume.fit_identity`: the
 whole argument that reached it).
 
 An object reached twice (a model that a bound-method step also holds, a cycle) is walked once
@@ -66,7 +66,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import UnidentifiableError
+from ....errors import UnidentifiableError
 from .code_reads import attribute_reads, global_generator_method
 from .installed_code import library_version
 
@@ -76,7 +76,7 @@ __all__ = ["content_digest", "UnidentifiableError", "is_library_code"]
 def is_library_code(module_name: str) -> bool:
     """Whether ``module_name`` belongs to the standard library or an installed (non-editable)
     distribution: its code is fixed by what is installed, so its name and version identify it
-    (:mod:`sparkdl.engine.installed_code`)."""
+    (:mod:`sparkdl.engine.fit.resume.installed_code`)."""
     return library_version(module_name) is not None
 
 

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import InvalidArgumentError
-from ..transport.flat_layout import ParamLayout
-from .optimizer_sequence import optimizer_members
+from ....errors import InvalidArgumentError
+from ....transport.flat_layout import ParamLayout
+from ..optim.optimizer_sequence import optimizer_members
 
 __all__ = ["check_sparse_gradients"]
 

@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any, Sequence, TextIO
 
-from ..errors import InvalidArgumentError
+from ....errors import InvalidArgumentError
 from .summary import IterationRecord, ValidationRecord
 
 __all__ = ["ProgressReporter", "ConsoleBar", "NotebookBar", "TensorBoardSink", "check_tensorboard",
@@ -161,7 +161,7 @@ class TensorBoardSink:
 class ProgressReporter:
     """The sinks of one run: a bar (console or notebook, when asked and possible), an
     optional TensorBoard writer, and ``listeners`` that the caller owns (fed the same records,
-    never closed here; e.g. :class:`sparkdl.engine.mlflow_tracking.MlflowTracker`).
+    never closed here; e.g. :class:`sparkdl.engine.fit.reports.mlflow_tracking.MlflowTracker`).
 
     ``progress_bar``: True always draws a bar (in the notebook when in one, else on ``stderr``),
     False never does, None draws one only when interactive (a notebook or a terminal).
