@@ -26,12 +26,12 @@ def log_digests() -> None:
     one, the test's message shows the first iteration where they part."""
     import hashlib
 
-    from sparkdl.engine import training_loop
+    from sparkdl.engine.strategies.sync import step as training_loop
 
     def digest(a) -> str:
         return hashlib.sha1(np.ascontiguousarray(np.asarray(a)).tobytes()).hexdigest()[:12]
 
-    complete = training_loop.TrainingLoop.complete
+    complete = training_loop.SyncStep.complete
 
     def optimizer(self) -> str:
         state = self.ctx.optimizer.state_dict()["state"]
@@ -48,7 +48,7 @@ def log_digests() -> None:
               flush=True)
         return done
 
-    training_loop.TrainingLoop.complete = logged
+    training_loop.SyncStep.complete = logged
 
 
 def main() -> None:

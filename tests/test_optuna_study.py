@@ -123,9 +123,9 @@ def test_an_error_of_the_whole_batch_fails_its_trials_and_the_study_goes_on(data
     """A job that fails for every fit (here: raised on the batch's fifth job, after some
     trials reported) ends the batch: its trials are FAIL, never COMPLETE with a partial value,
     and the next batch trains."""
-    from sparkdl.engine.strategies.sync.pass_jobs import PassLoop
+    from sparkdl.engine.strategies.sync.pass_jobs import PassJobs as PassLoop
 
-    real, calls = PassLoop._iteration, []
+    real, calls = PassLoop.iteration, []
 
     def failing(self, active):
         calls.append(1)
@@ -133,7 +133,7 @@ def test_an_error_of_the_whole_batch_fails_its_trials_and_the_study_goes_on(data
             raise RuntimeError("the cluster went away")
         return real(self, active)
 
-    monkeypatch.setattr(PassLoop, "_iteration", failing)
+    monkeypatch.setattr(PassLoop, "iteration", failing)
     batched = BatchedStudy(study(), fit_maker(data), "Loss", batch_size=4).optimize(8)
     first, second = batched[:4], batched[4:]
     assert any(t.intermediate_values for t in first)      # some had reported before the error

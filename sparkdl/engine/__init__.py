@@ -1,8 +1,10 @@
-"""The driver side: the SGD loop and everything around it.
+"""The driver side: what is trained, and how it is run.
 
-``distri_optimizer`` (the public API) builds a ``run_context`` and runs the ``training_loop``,
-which asks an ``IterationRunner`` (the seam, :mod:`sparkdl.runners.interface`) for each
-iteration's summed vector, with ``recovery`` from lost data, ``validation``, ``checkpointing``
-(resume), ``summary`` records and ``progress`` reporting; ``arguments`` and ``data_checks``
-refuse bad input before any cluster work. See docs/architecture.md.
+``fit/`` holds the fit (``spec.Fit``: what is trained), its opening on a runner and its end
+(``opening``), the lifecycle every fit follows whatever runs it (``lifecycle``: validation,
+triggers, best weights, checkpoints), its checks, resume (identity, checkpoints), reports and
+optimizer helpers. ``strategies/`` holds how fits meet the data: ``sync`` (one data-parallel job
+per iteration, for one fit or a pass) and ``hop`` (model hopping). ``distri_optimizer`` (the
+public facade), ``fit_set`` and ``optuna_batches`` are the entry points above both. See
+docs/architecture.md.
 """

@@ -1,9 +1,11 @@
 """``DistriOptimizer``: the engine's public API (driver side).
 
-It checks every argument when constructed (before any cluster work), records what
-``set_validation`` / ``set_checkpoint`` / ``set_tensorboard`` ask for, and in :meth:`optimize`
-builds one :class:`~sparkdl.engine.fit.run_context.RunContext` and hands it to the
-:class:`~sparkdl.engine.strategies.sync.step.TrainingLoop`. Where the jobs run is the runner's business
+A thin facade: it checks every argument when constructed (before any cluster work) and fills a
+:class:`~sparkdl.engine.fit.spec.Fit` (what is trained), records in it what ``set_validation``
+/ ``set_checkpoint`` / ``set_tensorboard`` / ``set_mlflow`` ask for, and :meth:`optimize` hands
+it to a :class:`~sparkdl.engine.fit_set.FitSet` of one, which opens it
+(:mod:`sparkdl.engine.fit.opening`) and has its strategy run it
+(:mod:`sparkdl.engine.strategies`). Where the jobs run is the runner's business
 (:mod:`sparkdl.runners.interface`): an RDD runs on its SparkContext
 (:mod:`sparkdl.runners.spark_rdd`), :class:`sparkdl.runners.LocalPartitions` in process.
 
@@ -33,71 +35,19 @@ Randomness: batches come from :class:`~sparkdl.data.batch_plan.BatchPlan`; rando
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import logging
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 
-from ..argument_checks import (argument_error, check_choice, check_int, check_positive_int,
-                               check_type)
-from ..data.batch_plan import BatchPlan
-from ..errors import CheckpointError, InvalidArgumentError
-from ..executor.devices import DEVICES
-from ..executor.replicas import ReplicaSpec
-from ..metrics import ValidationMetric
-from ..storage.checkpoint_store import CheckpointStore
-from ..transport.codecs import COMPRESSIONS
-from ..transport.flat_layout import ParamLayout
-from ..triggers import MaxEpoch, Trigger
 from ..training_step import TrainingStep, ValidationStep
-from .fit.optim.optimizer_sequence import as_optimizer, as_scheduler
-from .fit.checks.sparse_checks import check_sparse_gradients
-from .fit.checks.arguments import (check_criterion, check_lr_scheduler, check_optimizer, check_steps,
-                        check_training_data)
-from .fit.resume.checkpoint_directories import exclusive_directory, note_settings
-from .fit.resume.checkpointing import CheckpointSetup, Checkpoints
-from .fit.optim.clipping import GradientClipping, check_norm_clipping, check_value_clipping
-from .strategies.hop.jobs import check_hop_settings
-from .strategies.hop.order import HopPlan
-from .fit.resume.fit_identity import data_digest, fit_identity, identity_directory, validation_decides
-from .fit.optim.loss_scaling import PRECISIONS, LossScaler
-from .fit.reports.mlflow_tracking import (FINISH_TIMEOUT_S, FLUSH_INTERVAL_S, MlflowSetup, MlflowTracker,
-                              active_run_id, check_mlflow, engine_params)
-from .fit.checks.data_checks import DataSpec, dry_run, sample_batch, summarize
-from .fit.reports.progress import check_tensorboard
-from .fit.run_context import RunContext, RunSettings
-from ..runners.interface import RunnerOptions
-from ..data.ragged import model_arguments
-from .fit.reports.summary import TrainingSummary
-from .fit.checks.task_parallelism import choose_sub_replicas, concurrency_hazard, prefers_sub_replicas
-from .fit.optim.optimizer_sequence import needs_closure
-from .strategies.sync.step import TrainingLoop
-from .fit.validation import Validation
+from ..triggers import Trigger
+from ..metrics import ValidationMetric
+from .fit import building as checks
+from .fit.reports.mlflow_tracking import FINISH_TIMEOUT_S, FLUSH_INTERVAL_S
+from .fit.spec import Fit
 
 __all__ = ["DistriOptimizer"]
-
-log = logging.getLogger("sparkdl")
-
-
-def _count_rebuilds(summary: TrainingSummary, held: list[Any]) -> None:
-    """Add this run's rebuilt shards and placement misses to the summary, and say so; set the
-    bytes of the shards held on the executors."""
-    rebuilt = sum(h.shards_rebuilt for h in held)
-    misses = sum(h.placement_misses for h in held)
-    summary.shards_rebuilt += rebuilt
-    summary.placement_misses += misses
-    summary.replicas_built += sum(getattr(h, "replicas_built", 0) for h in held)
-    summary.executors_avoided += sum(h.placement.slow.avoidances for h in held
-                                     if getattr(h, "placement", None) is not None)
-    summary.shard_bytes = sum(getattr(h, "held_bytes", 0) for h in held)
-    if rebuilt:
-        log.info("%d shards were rebuilt during the run (%d of them for tasks that ran where "
-                 "their shard was not)", rebuilt, misses)
-
-_OWNER = "DistriOptimizer"
 
 
 class DistriOptimizer:
@@ -221,142 +171,28 @@ class DistriOptimizer:
                  training_step: TrainingStep | None = None,
                  validation_step: ValidationStep | None = None,
                  sub_replicas: int | None = None) -> None:
-        self.model = check_type("model", _OWNER, model, nn.Module, "a torch.nn.Module")
-        self.training_step, self.validation_step = check_steps(
-            _OWNER, criterion, training_step, validation_step, sample_weights)
-        if optimizer is None:
-            raise argument_error("optimizer", _OWNER, "a torch.optim.Optimizer built over "
-                                 "model.parameters()", optimizer)
-        if batch_size is None:
-            raise argument_error("batch_size", _OWNER, "a positive int", batch_size)
-        if train_transform is not None and not callable(train_transform):
-            raise argument_error("train_transform", _OWNER,
-                                 "a function (features, numpy Generator) -> features",
-                                 train_transform)
-        self.train_transform = train_transform
-        self.sequence_inputs = tuple(check_int("sequence_inputs", _OWNER, k)
-                                     for k in sequence_inputs)
-        if any(k < 0 for k in self.sequence_inputs):
-            raise argument_error("sequence_inputs", _OWNER, "input positions >= 0",
-                                 list(sequence_inputs))
-        if isinstance(padding_value, bool) or not isinstance(padding_value, (int, float)):
-            raise argument_error("padding_value", _OWNER, "a number", padding_value)
-        self.padding_value = float(padding_value)
-        if collate is not None and not callable(collate):
-            raise argument_error("collate", _OWNER, "a function (list of inputs) -> model "
-                                 "arguments", collate)
-        self.collate = collate
-        check_type("sample_weights", _OWNER, sample_weights, bool, "a bool")
-        if exchange_dir is not None and (not isinstance(exchange_dir, str)
-                                         or not exchange_dir.strip()):
-            raise argument_error("exchange_dir", _OWNER, "a directory path or URI, or None",
-                                 exchange_dir)
-        self.exchange_dir = exchange_dir
-        self.sub_replicas = check_positive_int("sub_replicas", _OWNER, sub_replicas,
-                                               allow_none=True)
-        if sample_weights and getattr(criterion, "weight", None) is not None:
-            raise InvalidArgumentError(
-                "sample_weights=True cannot be combined with a criterion that has class "
-                f"weights ({type(criterion).__name__}(weight=...)): fold the class weights into "
-                "the sample weights instead.")
-        if sample_weights and not (isinstance(criterion, nn.Module) and
-                                   getattr(criterion, "reduction", None) == "mean"):
-            raise InvalidArgumentError(
-                f"sample_weights=True needs a torch loss module with reduction='mean' (its "
-                f"per-sample values are weighted); got {type(criterion).__name__}"
-                + (f" with reduction={criterion.reduction!r}"
-                   if hasattr(criterion, "reduction") else "") + ".")
-        devices = sorted({str(t.device) for t in list(model.parameters()) + list(model.buffers())})
-        if devices and devices != ["cpu"]:
-            raise InvalidArgumentError(
-                f"The 'model' argument of {_OWNER} must be on the CPU (it is on {devices}): the "
-                "optimizer runs on the driver's CPU and every task moves its own replica to its "
-                "device (device='auto' or 'cuda'). Pass the model before .cuda() / .to(...).")
-        self.training_rdd = check_training_data("training_rdd", _OWNER, training_rdd)
-        self.reduction = (check_criterion(_OWNER, criterion) if criterion is not None
-                          else "mean")
-        self.criterion = criterion
-        optimizer = as_optimizer(optimizer)
-        self.optimizer = check_optimizer(_OWNER, optimizer, model)
-        self.end_trigger = check_type("end_trigger", _OWNER,
-                                      end_trigger if end_trigger is not None else MaxEpoch(1),
-                                      Trigger, "a sparkdl.triggers.Trigger such as MaxEpoch(5)")
-        self.lr_scheduler = check_lr_scheduler(_OWNER, as_scheduler(lr_scheduler, optimizer),
-                                               optimizer)
-        if progress_bar is not None and not isinstance(progress_bar, bool):
-            raise argument_error("progress_bar", _OWNER, "True, False or None (automatic)",
-                                 progress_bar)
-        self.settings = RunSettings(
-            batch_size=check_positive_int("batch_size", _OWNER, batch_size),
-            seed=check_int("seed", _OWNER, seed),
-            shuffle=check_type("shuffle", _OWNER, shuffle, bool, "a bool"),
-            micro_batch_size=check_positive_int("micro_batch_size", _OWNER, micro_batch_size,
-                                                allow_none=True),
-            lr_scheduler_step=check_choice("lr_scheduler_step", _OWNER, lr_scheduler_step,
-                                           ("epoch", "iteration")),
-            runner_options=RunnerOptions(
-                allreduce=check_choice("allreduce", _OWNER, allreduce,
-                                       ("auto", "shuffle", "driver")),
-                num_blocks=check_positive_int("num_blocks", _OWNER, num_blocks, allow_none=True),
-                compression=check_choice("compression", _OWNER, compression, COMPRESSIONS),
-                device=check_choice("device", _OWNER, device, DEVICES),
-                precision=check_choice("precision", _OWNER, precision, PRECISIONS)),
-            progress_bar=progress_bar, sample_weights=sample_weights)
-        if precision == "16-mixed" and needs_closure(optimizer):
-            raise InvalidArgumentError(
-                f"precision='16-mixed' cannot be used with {type(optimizer).__name__}, whose "
-                "step needs a closure (torch's GradScaler does not support closures either); use "
-                "precision='bf16-mixed' or '32'.")
-        self.layout = ParamLayout(model)
-        self._validation: Validation | None = None
-        self._checkpoint_setup: CheckpointSetup | None = None
-        self._clipping: GradientClipping | None = None
-        self._mlflow: MlflowSetup | None = None
-        self._fit_name: str | None = None
-        self._identity_extra: dict[str, Any] | None = None
-        """What a caller adds to the fit identity (the estimators: their Params)."""
-        self.mlflow_run_id: str | None = None
-        self.summary = TrainingSummary()
-        self.iteration = 0
-        self.data_spec: DataSpec | None = None
-        self._needs_prediction = False
-        """Whether ``model(*inputs)`` must give a prediction tensor even with a training step
-        (the estimators' ``transform``): checked by the dry run, before training."""
-        self._input_names: tuple[str, ...] = ()
-        """The features' column names (the estimators), for the errors of embedding ids out of
-        their table's range (:mod:`sparkdl.executor.id_checks`)."""
+        self.fit: Fit = checks.fit_from_arguments(
+            model, training_rdd, criterion, optimizer, batch_size, end_trigger, seed,
+            lr_scheduler, lr_scheduler_step, micro_batch_size, shuffle, allreduce, num_blocks,
+            progress_bar, compression, device, precision, train_transform, sequence_inputs,
+            padding_value, collate, sample_weights, exchange_dir, training_step, validation_step,
+            sub_replicas)
+        """The fit this facade fills (:class:`~sparkdl.engine.fit.spec.Fit`): its attributes
+        (``model``, ``end_trigger``, ``batch_size``, ``summary``, ``iteration``...) read and
+        set through the facade too."""
 
-    def _concurrency_hazard(self) -> str | None:
-        """Why sub-replicas cannot train this model exactly (None: they can), tried on the
-        training rows the dry run used."""
-        assert self.data_spec is not None
-        inputs, target = sample_batch(self.data_spec, self.layout.param_dtype,
-                                      self._model_arguments)
-        return concurrency_hazard(self.model, self.criterion, self.training_step, inputs, target)
+    def __getattr__(self, name: str) -> Any:
+        fit = self.__dict__.get("fit")
+        if fit is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(fit, name)
 
-    def _model_arguments(self, features: list[Any]) -> list[Any]:
-        if self.settings.sample_weights:        # the last input is the samples' weight
-            features = features[:-1]
-        return model_arguments(features, self.padding_value, self.collate)
-
-    @property
-    def batch_size(self) -> int:
-        """The global mini-batch size (may be set before :meth:`optimize`)."""
-        return self.settings.batch_size
-
-    @batch_size.setter
-    def batch_size(self, value: int) -> None:
-        self.settings = dataclasses.replace(
-            self.settings, batch_size=check_positive_int("batch_size", _OWNER, value))
-
-    @property
-    def seed(self) -> int:
-        """The run's seed (may be set before :meth:`optimize`)."""
-        return self.settings.seed
-
-    @seed.setter
-    def seed(self, value: int) -> None:
-        self.settings = dataclasses.replace(self.settings, seed=check_int("seed", _OWNER, value))
+    def __setattr__(self, name: str, value: Any) -> None:
+        fit = self.__dict__.get("fit")
+        if fit is not None and name != "fit" and hasattr(fit, name):
+            setattr(fit, name, value)
+        else:
+            object.__setattr__(self, name, value)
 
     def set_validation(self, rdd: Any, trigger: Trigger,
                        metrics: Sequence[ValidationMetric],
@@ -366,16 +202,7 @@ class DistriOptimizer:
 
         Example: ``opt.set_validation(val_rdd, EveryEpoch(), [Top1Accuracy(), Loss()])``.
         """
-        owner = f"{_OWNER}.set_validation"
-        check_training_data("rdd", owner, rdd)
-        check_type("trigger", owner, trigger, Trigger, "a sparkdl.triggers.Trigger")
-        if isinstance(metrics, ValidationMetric):
-            metrics = [metrics]
-        if not metrics or not all(isinstance(m, ValidationMetric) for m in metrics):
-            raise argument_error("metrics", owner, "a non-empty list of "
-                                 "sparkdl.metrics.ValidationMetric", metrics)
-        self._validation = Validation(rdd, trigger, list(metrics),
-                                      check_positive_int("batch_size", owner, batch_size))
+        self.fit.validation = checks.validation_setup(rdd, trigger, metrics, batch_size)
         return self
 
     def set_checkpoint(self, path: str, trigger: Trigger, keep_last: int = 3,
@@ -402,22 +229,8 @@ class DistriOptimizer:
 
         Example: ``opt.set_checkpoint("hdfs:///ckpt/run1", EveryEpoch(), keep_last=2)``.
         """
-        owner = f"{_OWNER}.set_checkpoint"
-        if not isinstance(path, str) or not path.strip():
-            raise argument_error("path", owner, "a non-empty directory path or URI", path)
-        check_type("trigger", owner, trigger, Trigger,
-                   "a sparkdl.triggers.Trigger such as EveryEpoch()")
-        keep_last = check_positive_int("keep_last", owner, keep_last)
-        check_type("resume", owner, resume, bool, "a bool")
-        check_type("by_fit", owner, by_fit, bool, "a bool")
-        store = self._checkpoint_store(path)
-        store.check_writable()
-        if not resume and store.iterations():
-            raise CheckpointError(
-                f"The checkpoint directory {path!r} already holds checkpoints "
-                f"(iterations {store.iterations()}) and resume=False: choose an empty directory "
-                "or pass resume=True to continue from the newest one.")
-        self._checkpoint_setup = CheckpointSetup(path, trigger, keep_last, resume, by_fit)
+        self.fit.checkpoint_setup = checks.checkpoint_setup(self.fit, path, trigger, keep_last,
+                                                            resume, by_fit)
         return self
 
     def set_gradient_clipping(self, max_norm: float, norm_type: float = 2.0
@@ -428,10 +241,7 @@ class DistriOptimizer:
 
         Example: ``opt.set_gradient_clipping(1.0)``.
         """
-        max_norm, norm_type = check_norm_clipping(f"{_OWNER}.set_gradient_clipping", max_norm,
-                                                  norm_type)
-        current = self._clipping or GradientClipping()
-        self._clipping = dataclasses.replace(current, max_norm=max_norm, norm_type=norm_type)
+        self.fit.clipping = checks.clipping_setup(self.fit.clipping, max_norm, norm_type)
         return self
 
     def set_constant_gradient_clipping(self, min_value: float, max_value: float
@@ -442,38 +252,9 @@ class DistriOptimizer:
 
         Example: ``opt.set_constant_gradient_clipping(-0.5, 0.5)``.
         """
-        low, high = check_value_clipping(f"{_OWNER}.set_constant_gradient_clipping",
-                                         min_value, max_value)
-        current = self._clipping or GradientClipping()
-        self._clipping = dataclasses.replace(current, min_value=low, max_value=high)
+        self.fit.clipping = checks.clipping_setup(self.fit.clipping,
+                                                  value_range=(min_value, max_value))
         return self
-
-    def _check_trigger_metrics(self) -> None:
-        """Every validation metric a trigger reads must be computed by ``set_validation``."""
-        triggers = [("end_trigger", self.end_trigger)]
-        if self._checkpoint_setup is not None:
-            triggers.append(("checkpoint trigger", self._checkpoint_setup.trigger))
-        if self._validation is not None:
-            triggers.append(("validation trigger", self._validation.trigger))
-        validated = {m.name for m in self._validation.metrics} if self._validation else set()
-        for what, trigger in triggers:
-            missing = sorted(trigger.metric_names() - validated)
-            if missing:
-                raise InvalidArgumentError(
-                    f"The {what} {trigger!r} reads the validation metric {missing[0]!r}, which "
-                    + (f"set_validation does not compute (it computes {sorted(validated)})"
-                       if validated else "is never computed: call set_validation(data, trigger, "
-                       "[...]) with that metric") + ".")
-
-    def _checkpoint_store(self, path: str) -> CheckpointStore:
-        from ..runners.in_process import LocalPartitions
-        from ..storage.arrow_files import ArrowFiles
-        from ..storage.hadoop_files import HadoopFiles
-
-        data = self.training_rdd
-        # without Spark (LocalPartitions) or a JVM (Spark Connect): pyarrow's file systems
-        sc = None if isinstance(data, LocalPartitions) else getattr(data, "context", None)
-        return CheckpointStore(path, HadoopFiles(sc) if sc is not None else ArrowFiles())
 
     def set_fit_identity(self, name: str) -> "DistriOptimizer":
         """Name this fit for its checkpoints. The identity of a fit is derived from everything
@@ -485,10 +266,7 @@ class DistriOptimizer:
 
         Example: ``opt.set_fit_identity("two-tower-v3").set_checkpoint(path, EveryEpoch())``.
         """
-        if not isinstance(name, str) or not name.strip():
-            raise argument_error("name", f"{_OWNER}.set_fit_identity", "a non-empty string",
-                                 name)
-        self._fit_name = name
+        self.fit.name = checks.fit_name(name)
         return self
 
     def set_tensorboard(self, log_dir: str) -> "DistriOptimizer":
@@ -498,11 +276,7 @@ class DistriOptimizer:
 
         Example: ``opt.set_tensorboard("/tmp/tb/run1")``, then ``tensorboard --logdir /tmp/tb``.
         """
-        owner = f"{_OWNER}.set_tensorboard"
-        if not isinstance(log_dir, str) or not log_dir.strip():
-            raise argument_error("log_dir", owner, "a non-empty directory path", log_dir)
-        check_tensorboard(log_dir)
-        self.settings = dataclasses.replace(self.settings, tensorboard_dir=log_dir)
+        self.fit.settings = checks.tensorboard_setup(self.fit.settings, log_dir)
         return self
 
     def set_mlflow(self, run_id: str | None = None, *, parent_run_id: str | None = None,
@@ -531,37 +305,9 @@ class DistriOptimizer:
             with mlflow.start_run():
                 opt.set_mlflow().optimize()
         """
-        owner = f"{_OWNER}.set_mlflow"
-        for name, value in (("run_id", run_id), ("parent_run_id", parent_run_id),
-                            ("run_name", run_name)):
-            if value is not None and (not isinstance(value, str) or not value.strip()):
-                raise argument_error(name, owner, "a non-empty string or None", value)
-        for name, mapping in (("params", params), ("tags", tags)):
-            if mapping is not None and (not isinstance(mapping, Mapping) or
-                                        not all(isinstance(k, str) for k in mapping)):
-                raise argument_error(name, owner, "a dict with string keys or None", mapping)
-        for name, seconds in (("flush_interval_s", flush_interval_s),
-                              ("finish_timeout_s", finish_timeout_s)):
-            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or \
-                    not seconds > 0:
-                raise argument_error(name, owner, "a positive number of seconds", seconds)
-        check_mlflow(owner)
-        self._mlflow = MlflowSetup(run_id, parent_run_id, run_name,
-                                   dict(params) if params is not None else None,
-                                   {k: str(v) for k, v in (tags or {}).items()},
-                                   float(flush_interval_s), float(finish_timeout_s))
+        self.fit.mlflow = checks.mlflow_setup(run_id, parent_run_id, run_name, params, tags,
+                                              flush_interval_s, finish_timeout_s)
         return self
-
-    def _mlflow_tracker(self, plan: BatchPlan) -> MlflowTracker | None:
-        setup = self._mlflow
-        if setup is None:
-            return None
-        import mlflow
-
-        params = setup.params if setup.params is not None else engine_params(self, plan)
-        tracker = MlflowTracker(setup, params, mlflow.get_tracking_uri(), active_run_id())
-        tracker.start()
-        return tracker
 
     # ----------------------------------------------------------------------------- training
     def optimize(self) -> nn.Module:
@@ -573,141 +319,3 @@ class DistriOptimizer:
 
         FitSet([self]).run()
         return self.model
-
-    def _begin(self, runner: Any, hop: tuple[int, int] | None = None) -> "_FitRun":
-        """Everything before this fit's first iteration, on ``runner`` (a
-        :class:`sparkdl.engine.fit_set.FitView` of the pass's runner): the checks, the
-        checkpoint directory and its resume, the data held (once per pass), the dry run, the
-        plan, the model shipped to the tasks. Returns the fit's run, whose ``loop`` the pass
-        drives; :meth:`_end` ends it, whatever happened. ``hop``: ``(seed, position)`` when
-        the fit trains by model hopping (:mod:`sparkdl.engine.strategies.hop.jobs`): its plan is then a
-        :class:`~sparkdl.engine.strategies.hop.order.HopPlan`."""
-        if hop is not None:
-            options = self.settings.runner_options
-            check_hop_settings(_OWNER, options.precision, options.device)
-        self._check_trigger_metrics()
-        self.layout = ParamLayout(self.model)        # as the model is now (requires_grad flags)
-        check_sparse_gradients(_OWNER, self.model, self.layout, self.optimizer,
-                               self._clipping is not None)
-        for trigger in self.end_trigger.walk():
-            trigger.reset()
-        runner.check_device(self.settings.runner_options.device)
-        setup = self._checkpoint_setup
-        # only checkpoints need the identity (hashing every weight and function costs time)
-        identity = fit_identity(self) if setup is not None else {}
-        checkpoints = (Checkpoints(setup, self._checkpoint_store(setup.path))
-                       if setup is not None and not setup.by_fit else None)
-        run = _FitRun(runner)
-        if checkpoints is not None:      # this process's other fits keep out of its directory
-            run.held.enter_context(exclusive_directory(setup.path))
-        try:
-            resumed = checkpoints.latest(self.model) if checkpoints is not None else None
-            dtype = self.layout.data_dtype.str
-            train = runner.load(self.training_rdd, "training", dtype, self.sequence_inputs)
-            self.data_spec = summarize(train.summaries, "training")
-            param_dtype = self.layout.param_dtype
-            arguments = self._model_arguments
-            steps = (self.training_step, self.validation_step)
-            dry_run(self.model, self.criterion, self.data_spec, "training", dtype=param_dtype,
-                    arguments=arguments, steps=steps, prediction=self._needs_prediction,
-                    names=self._input_names, collate=self.collate)
-            if self._validation is not None:
-                self._validation.held = runner.load(self._validation.data, "validation", dtype,
-                                                    self.sequence_inputs)
-                dry_run(self.model, self.criterion,
-                        summarize(self._validation.held.summaries, "validation"), "validation",
-                        self._validation.metrics, param_dtype, arguments, steps,
-                        names=self._input_names, collate=self.collate)
-                if setup is not None and validation_decides(self):
-                    identity["validation"]["data"] = data_digest(
-                        self._validation.held.summaries)
-            plan: Any = (BatchPlan(self.data_spec.partition_sizes, self.batch_size, self.seed,
-                                   self.settings.shuffle) if hop is None else
-                         HopPlan(list(self.data_spec.partition_sizes), self.batch_size, *hop))
-            sub_replicas, cores_use = choose_sub_replicas(
-                self.sub_replicas, runner.task_cores(),
-                self.settings.runner_options.device == "cuda" or runner.schedules_gpus(),
-                lambda: self._concurrency_hazard(), self.train_transform is not None,
-                prefers_sub_replicas(self.model))
-            settings = dataclasses.replace(self.settings, sub_replicas=sub_replicas)
-            ctx = RunContext(settings, self.model, self.criterion, self.reduction,
-                             self.optimizer, self.lr_scheduler, self.layout, self.end_trigger,
-                             runner, train, plan, self._validation, checkpoints, self._clipping,
-                             LossScaler() if self.settings.runner_options.precision == "16-mixed"
-                             else None)
-            run.ctx = ctx
-            if setup is not None:
-                ctx.fit_key = dict(identity, data=data_digest(train.summaries))
-            ctx.training_step = self.training_step
-            if setup is not None and setup.by_fit:   # this fit's own subdirectory
-                directory = f"{setup.path.rstrip('/')}/{identity_directory(ctx.resume_key())}"
-                run.held.enter_context(exclusive_directory(directory))
-                ctx.checkpoints = checkpoints = Checkpoints(
-                    dataclasses.replace(setup, path=directory), self._checkpoint_store(directory))
-                resumed = checkpoints.latest(self.model)
-                note_settings(setup.path.rstrip("/"), directory, ctx.resume_key(),
-                              checkpoints.store.files, resumed is not None)
-                log.info("checkpoints of this fit go to %s", directory)
-            if resumed is not None:
-                checkpoints.restore(ctx, resumed)  # type: ignore[union-attr]
-            run.spec = ReplicaSpec(self.model, self.criterion, self.reduction,
-                                   self.train_transform, self.padding_value, self.collate,
-                                   self.settings.sample_weights, self.training_step,
-                                   self.validation_step, self._input_names)
-            if hop is None or self._validation is not None:  # a hop ships it per job, and
-                how = runner.start(run.spec, self.layout,      # here only for validation
-                                   self.settings.runner_options, train)
-            if hop is None:
-                log.info("training on %d samples in %d partitions: global batch %d, %d "
-                         "iterations per epoch, %s", plan.num_samples, plan.num_partitions,
-                         self.batch_size, plan.iterations_per_epoch, how)
-            else:
-                log.info("training on %d samples in %d partitions by model hopping: batch %d, "
-                         "%d sub-epochs per epoch, rotation position %d", plan.num_samples,
-                         plan.num_partitions, self.batch_size, plan.iterations_per_epoch,
-                         plan.position)
-            log.info("tasks use their cores as %s", cores_use)
-            run.tracker = self._mlflow_tracker(plan)
-            ctx.listeners = [run.tracker] if run.tracker is not None else []
-            run.loop = TrainingLoop(ctx)
-        except BaseException as exc:
-            run.failure = exc
-            self._end(run)
-            raise
-        return run
-
-    def _end(self, run: "_FitRun") -> None:
-        """After the fit's last iteration, or its failure (``run.failure``): the summary, the
-        checkpoint directory released, the fit's replicas released (the pass closes its
-        runner), MLflow told."""
-        if run.ended:
-            return
-        run.ended = True
-        run.held.close()
-        ctx = run.ctx
-        if ctx is not None:
-            self.summary, self.iteration = ctx.summary, ctx.iteration
-            _count_rebuilds(ctx.summary, [ctx.train] + (
-                [self._validation.held] if self._validation is not None and
-                self._validation.held is not None else []))
-        if self._validation is not None:
-            self._validation.held = None
-        run.runner.close()
-        if run.tracker is not None:
-            run.tracker.finish(self.summary, run.failure)
-            self.mlflow_run_id = run.tracker.run_id
-
-
-@dataclasses.dataclass
-class _FitRun:
-    """One fit's run in a pass: its runner view, context, loop, checkpoint directories held,
-    MLflow tracker and failure."""
-
-    runner: Any
-    ctx: RunContext | None = None
-    spec: ReplicaSpec | None = None
-    loop: TrainingLoop | None = None
-    tracker: MlflowTracker | None = None
-    failure: BaseException | None = None
-    held: contextlib.ExitStack = dataclasses.field(default_factory=contextlib.ExitStack)
-    ended: bool = False

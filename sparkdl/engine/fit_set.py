@@ -49,8 +49,11 @@ from ..runners.fit_view import FitView, shares_passes
 from ..spark_settings import spark_setting
 from ..transport.flat_layout import ParamLayout
 from .fit.resume.checkpoint_directories import DirectoryHeldError, check_shared_directories
-from .strategies.hop.jobs import HopLoop, HopMember
-from .strategies.sync.pass_jobs import PassLoop
+from .fit.opening import FitRun, end_fit, open_fit
+from .fit.spec import Fit, fit_of
+from .strategies.base import Strategy, check_capability
+from .strategies.hop.strategy import HopStrategy
+from .strategies.sync.strategy import SyncStrategy
 from .strategies.sync.pass_memory import (Budget, Footprint, budgets, closure_budget, describe, footprint,
                           plan_passes)
 
@@ -156,15 +159,19 @@ class FitSet:
         self.hop_positions = positions
         if not self.fits:
             raise InvalidArgumentError("FitSet needs at least one DistriOptimizer; got none.")
+        self.specs: list[Fit] = []
+        """Each fit's :class:`~sparkdl.engine.fit.spec.Fit` (what it trains)."""
         for k, fit in enumerate(self.fits):
-            if not callable(getattr(fit, "_begin", None)):      # a DistriOptimizer
+            spec = fit_of(fit)
+            if spec is None:
                 raise InvalidArgumentError(
                     f"FitSet's fits must be DistriOptimizer objects; fit {k} is "
                     f"{type(fit).__name__}.")
+            self.specs.append(spec)
         if len({id(f) for f in self.fits}) < len(self.fits):
             raise InvalidArgumentError("FitSet got the same DistriOptimizer twice: a fit trains "
                                        "its model in place, once.")
-        if len({id(f.model) for f in self.fits}) < len(self.fits):
+        if len({id(f.model) for f in self.specs}) < len(self.specs):
             raise InvalidArgumentError("Two fits of a FitSet train the same model object: each "
                                        "fit needs its own model.")
         self.errors: dict[int, BaseException] = {}
@@ -176,6 +183,10 @@ class FitSet:
         self.finished: set[int] = set()
         """The fits that reached their end trigger."""
 
+    def _strategy(self, hop: bool) -> Strategy:
+        """The strategy that trains this set's passes."""
+        return HopStrategy(self.hop_seed, self.hop_positions) if hop else SyncStrategy()
+
     def groups(self) -> list[list[int]]:
         """The fits' positions, by pass: fits that can share one, in order of first appearance
         (a fit that cannot share any trains alone), split further where a pass would exceed
@@ -183,7 +194,7 @@ class FitSet:
         alone exceeds a hard bound is refused here, before any job)."""
         groups: dict[tuple[Any, ...], list[int]] = {}
         footprints: dict[int, Footprint] = {}
-        for k, fit in enumerate(self.fits):
+        for k, fit in enumerate(self.specs):
             layout = ParamLayout(fit.model)
             footprints[k] = footprint(fit, layout)
             groups.setdefault(pass_key(fit, layout), []).append(k)
@@ -194,7 +205,7 @@ class FitSet:
                      "device)", len(self.fits), len(ordered), ordered)
         planned: list[list[int]] = []
         for group in ordered:
-            limits = self._budgets(self.fits[group[0]])
+            limits = self._budgets(self.specs[group[0]])
             passes = plan_passes(group, [footprints[k] for k in group], limits)
             if len(passes) > 1:
                 log.info("the fits %s train in %d passes, %s, to stay within %s", group,
@@ -229,7 +240,7 @@ class FitSet:
         its pass and the others go on; its error is kept in :attr:`errors` and the first one
         is raised once every pass ended. Without it a failure ends the set at once."""
         keep_going = len(self.fits) > 1 if keep_going is None else keep_going
-        check_shared_directories(self.fits)
+        check_shared_directories(self.specs)
         for group in self.groups():
             while group:          # fits that met a directory held by a fit of the pass: later
                 self.passes.append(group)
@@ -241,7 +252,7 @@ class FitSet:
                 log.error("%d of %d fits failed: %s", len(self.errors), len(self.fits),
                           {k: type(e).__name__ for k, e in sorted(self.errors.items())})
             raise self.errors[first]
-        return [fit.model for fit in self.fits]
+        return [fit.model for fit in self.specs]
 
     def _run_hop(self, group: list[int], keep_going: bool) -> list[int]:
         """The fits of ``group`` trained by model hopping (:mod:`sparkdl.engine.strategies.hop.jobs`);
@@ -261,7 +272,7 @@ class FitSet:
         one resumes what the earlier wrote)."""
         from ..runners import runner_for
 
-        first = self.fits[group[0]]
+        first = self.specs[group[0]]
         held = self.shared
         runner = (held.runner_for(first) if held is not None
                   else runner_for(first.training_rdd, first.exchange_dir))
@@ -273,19 +284,14 @@ class FitSet:
             if held is None:
                 runner.close()
             return [k for one in group for k in self._run_pass([one], keep_going)]
-        runs: dict[int, Any] = {}
+        strategy = self._strategy(hop)
+        runs: dict[int, FitRun] = {}
         later: list[int] = []
         try:
-            if hop and not callable(getattr(runner, "hop", None)):
-                raise InvalidArgumentError(
-                    f"The 'hop' strategy needs a classic SparkContext (or LocalPartitions); "
-                    f"{type(runner).__name__} cannot run it (under Spark Connect use "
-                    "'together').")
+            check_capability(strategy, runner)
             for k in group:
                 try:
-                    runs[k] = self.fits[k]._begin(
-                        FitView(runner, loads),
-                        (self.hop_seed, self.hop_positions[k]) if hop else None)
+                    runs[k] = open_fit(self.specs[k], FitView(runner, loads), strategy, k)
                 except DirectoryHeldError as exc:
                     later.append(k)
                     log.info("fit %d writes to %s like a fit of this pass, with the same "
@@ -298,34 +304,30 @@ class FitSet:
                     log.error("fit %d failed before training: %s: %s", k, type(exc).__name__,
                               exc)
             started = [k for k in group if k in runs]
-            if hop:
-                if started:
-                    log.info("training %d fits by model hopping over the same shards: %s "
-                             "(rotation positions %s, hop seed %d)", len(started), started,
-                             [self.hop_positions[k] for k in started], self.hop_seed)
-                loop: Any = HopLoop([HopMember(runs[k].ctx, runs[k].loop, runs[k].spec)
-                                     for k in started], keep_going)
-            else:
-                if len(started) > 1:
-                    log.info("training %d fits in one pass over the same shards: %s",
-                             len(started), started)
-                loop = PassLoop([runs[k].loop for k in started], keep_going)
+            if hop and started:
+                log.info("training %d fits by model hopping over the same shards: %s "
+                         "(rotation positions %s, hop seed %d)", len(started), started,
+                         [self.hop_positions[k] for k in started], self.hop_seed)
+            elif len(started) > 1:
+                log.info("training %d fits in one pass over the same shards: %s",
+                         len(started), started)
+            driver = strategy.driver([runs[k] for k in started], runner, keep_going)
             try:
-                loop.run()
+                driver.run()
             except BaseException as exc:
                 for k in started:
                     runs[k].failure = exc
                 raise
             finally:
-                self.jobs += loop.jobs
-                self.finished.update(started[p] for p in loop.finished)
-            for position, exc in loop.errors.items():
+                self.jobs += driver.jobs
+                self.finished.update(started[p] for p in driver.finished)
+            for position, exc in driver.errors.items():
                 k = started[position]
                 self.errors[k] = runs[k].failure = exc
         finally:
             self.loads += len(loads) - loaded_before
             for k, run in runs.items():
-                self.fits[k]._end(run)
+                end_fit(self.specs[k], run)
             if held is None:
                 runner.close()
         return later

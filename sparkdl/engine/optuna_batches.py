@@ -44,6 +44,7 @@ from typing import Any, Callable
 from ..argument_checks import check_choice
 from ..errors import InvalidArgumentError
 from ..triggers import TrainingState, Trigger
+from .fit.spec import fit_of
 from .fit_set import STRATEGIES, FitSet, SharedRunner
 
 __all__ = ["BatchedStudy", "ReportToTrial"]
@@ -163,7 +164,7 @@ class BatchedStudy:
         for k, trial in enumerate(trials):
             try:
                 fit = self.make_fit(trial)
-                if not callable(getattr(fit, "_begin", None)):
+                if fit_of(fit) is None:
                     raise InvalidArgumentError(f"make_fit must return a DistriOptimizer; got "
                                                f"{type(fit).__name__} for trial {trial.number}.")
                 reports[k] = ReportToTrial(trial, self.metric)

@@ -301,14 +301,14 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
                                  training_step=self.training_step,
                                  validation_step=self.validation_step,
                                  sub_replicas=get("subReplicas") or None)
-        engine._needs_prediction = True       # transform reads model(*inputs)
+        engine.fit.needs_prediction = True       # transform reads model(*inputs)
         # the fit identity of its checkpoints: the engine's own, plus every Param and the
         # optimizer factory (preprocess is identified by the data it produces)
-        engine._identity_extra = params_identity(self, {
+        engine.fit.identity_extra = params_identity(self, {
             "optimizerFactory": self.optimizer_factory})
         if get("fitIdentity"):
             engine.set_fit_identity(get("fitIdentity"))
-        engine._input_names = tuple(s.name for s in sources)   # named in id range errors
+        engine.fit.input_names = tuple(s.name for s in sources)   # named in id range errors
         if get("tensorboardDir"):
             engine.set_tensorboard(get("tensorboardDir"))
         configure_engine(self, engine, None if val_df is None else blocks(val_df, "validation"))
@@ -439,7 +439,7 @@ def _output_size(model: nn.Module, engine: DistriOptimizer) -> int:
     model.eval()
     dtype = engine.layout.param_dtype
     with torch.no_grad():
-        args = engine._model_arguments(list(engine.data_spec.sample_features))
+        args = engine.fit.model_arguments(list(engine.data_spec.sample_features))
         out = prediction_tensor(model(*[as_model_input(a, dtype) for a in args]))
     model.train(was_training)
     return int(np.prod(out.shape[1:]))

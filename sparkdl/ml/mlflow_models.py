@@ -46,7 +46,7 @@ def training_example(engine: Any, rows: int = EXAMPLE_ROWS) -> list[np.ndarray] 
     the module's arguments (one array per argument), or None before any data was loaded."""
     if engine.data_spec is None:
         return None
-    args = engine._model_arguments(list(engine.data_spec.sample_features))
+    args = engine.fit.model_arguments(list(engine.data_spec.sample_features))
     return [as_model_input(a, None).detach().cpu().numpy()[:rows].copy() for a in args]
 
 

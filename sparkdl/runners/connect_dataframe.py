@@ -49,9 +49,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import InvalidArgumentError
-from ..executor.arrow_tasks import (BUILD_SCHEMA, MAP_SCHEMA, REDUCE_SCHEMA, RESULT_SCHEMA,
-                                    ArrowBuildTask, ArrowCleanup, ArrowEvaluate, ArrowFill,
-                                    ArrowGradientMap, ArrowReduce, PayloadValue, join_chunks,
+from ..executor.arrow_tasks import (BUILD_SCHEMA, RESULT_SCHEMA, ArrowBuildTask, ArrowCleanup,
+                                    ArrowEvaluate, ArrowFill, PayloadValue, join_chunks,
                                     read_rows)
 from ..executor.replicas import ReplicaSpec
 from ..executor.shard_store import ShardSummary
@@ -60,8 +59,7 @@ from ..executor.tasks import EvaluationTask, GradientTask, PassGradientTask
 from ..metrics import ValidationMetric
 from ..spark_settings import SHARD_REPLICAS
 from ..storage.arrow_files import ArrowFiles
-from ..transport.allreduce import (AllReduceResult, DriverAllReduce, block_bounds,
-                                  choose_allreduce, reported_absent, sum_in_order)
+from ..transport.allreduce import AllReduceResult
 from ..transport.codecs import make_codec, make_pass_codec
 from ..executor.live_runs import live_runs, new_key, release_key
 from ..executor.exchange import Exchange, Payload, check_exchange
@@ -70,7 +68,8 @@ from ..transport.pass_results import split_pass_result
 from ..transport.weight_refresh import StateVersion
 from .cached_rdd import lost_data_reason, memory_kill_reason, shard_place
 from .held_data import HeldData, complete_misses, not_found
-from .interface import PartitionMetrics, RunnerOptions
+from .connect_summing import Summing, complete, driver_job, shuffle_job
+from .interface import GradientRunner, PartitionMetrics, RunnerOptions
 
 __all__ = ["ConnectData", "ConnectDataFrameRunner"]
 
@@ -134,39 +133,15 @@ class ConnectData(HeldData):
 
 
 @dataclass
-class _Summing:
-    """How an iteration's vectors of ``size`` values are summed: by the client (``driver``) or
-    in the blocks of ``bounds`` by ``repartitionById``, each travelling through ``codec``."""
-
-    size: int
-    dtype: np.dtype
-    driver: bool
-    bounds: np.ndarray
-    codec: Any
-    client: DriverAllReduce
-
-    @classmethod
-    def of(cls, size: int, dtype: np.dtype, options: RunnerOptions, num_partitions: int,
-           codec: Any) -> "_Summing":
-        path = options.allreduce
-        if path == "auto":
-            path = choose_allreduce(size * np.dtype(dtype).itemsize, num_partitions)
-        driver = path == "driver"
-        blocks = 1 if driver else (options.num_blocks or num_partitions)
-        return cls(size, np.dtype(dtype), driver, block_bounds(size, blocks), codec,
-                   DriverAllReduce(size, dtype, codec))
-
-
-@dataclass
 class _ConnectFit:
     """One fit of the runner: its replicas' key, its shipped model and how its vectors sum."""
 
     run_key: str
     spec: Payload
-    summing: _Summing
+    summing: Summing
 
 
-class ConnectDataFrameRunner:
+class ConnectDataFrameRunner(GradientRunner):
     """DataFrame jobs on a Spark Connect (or classic) session (see the module docstring).
 
     Args:
@@ -187,7 +162,7 @@ class ConnectDataFrameRunner:
         self._options = RunnerOptions()
         self._fits: dict[int, _ConnectFit] = {}
         self._default: int | None = None
-        self._passes: dict[tuple[int, ...], _Summing] = {}
+        self._passes: dict[tuple[int, ...], Summing] = {}
         self._closed: list[str] = []
 
     def _conf(self, key: str, default: str = "") -> str:
@@ -263,7 +238,7 @@ class ConnectDataFrameRunner:
         if not self._fits:
             self._options = options
         codec = make_codec(options.compression, layout.numpy_dtype, layout.num_param_values)
-        summing = _Summing.of(layout.size, layout.numpy_dtype, options, train.num_partitions,
+        summing = Summing.of(layout.size, layout.numpy_dtype, options, train.num_partitions,
                               codec)
         number = max(self._fits, default=-1) + 1
         self._fits[number] = _ConnectFit(
@@ -275,118 +250,6 @@ class ConnectDataFrameRunner:
         return number, (f"DataFrame jobs (Spark Connect), {how} of {layout.size} values, "
                         f"weights {via}" + (f" (gradients in {options.compression})"
                                             if options.compression else ""))
-
-    # ------------------------------------------------------------------ one iteration
-    def _map(self, data: ConnectData, task: Any, bounds: np.ndarray, codec: Any) -> Any:
-        return data.index.mapInArrow(ArrowGradientMap(task, bounds, codec), MAP_SCHEMA)
-
-    def _driver_job(self, data: ConnectData, task: Any, s: _Summing) -> AllReduceResult:
-        submitted_at = time.time()
-        table = self._map(data, task, block_bounds(s.size, 1), s.codec).toArrow()   # whole
-        returned_at, t0 = time.time(), time.perf_counter()
-        pieces: dict[int, list[tuple[int, Any]]] = {}
-        reports = []
-        for row in read_rows(table):
-            pieces.setdefault(int(row["partition"]), []).append((row["seq"], row["payload"]))
-            if row["report"] is not None:
-                reports.append(pickle.loads(row["report"]))
-        parts = [(p, join_chunks(c)) for p, c in pieces.items()]
-        vector = sum_in_order(parts, s.codec, 0, s.size, reported_absent(reports))
-        return (AllReduceResult(vector, reduce_s=time.perf_counter() - t0,
-                                reports=sorted(reports, key=lambda r: r.partition),
-                                submitted_at=submitted_at, returned_at=returned_at,
-                                pending=parts))
-
-    def _shuffle_job(self, data: ConnectData, task: Any, s: _Summing) -> AllReduceResult:
-        blocks = len(s.bounds) - 1
-        submitted_at = time.time()
-        reduced = self._map(data, task, s.bounds, s.codec).repartitionById(
-            blocks, "k").mapInArrow(ArrowReduce(s.bounds, s.codec), REDUCE_SCHEMA)
-        return self._shuffle_result(reduced.toArrow(), submitted_at, s)
-
-    def _shuffle_result(self, table: Any, submitted_at: float, s: _Summing
-                        ) -> AllReduceResult:
-        """The reducers' rows (REDUCE_SCHEMA) as the iteration's result."""
-        result = AllReduceResult(np.empty(s.size, dtype=s.dtype),
-                                 submitted_at=submitted_at, returned_at=time.time())
-        pieces: dict[int, list[tuple[int, Any]]] = {}
-        later: dict[int, dict[int, list[tuple[int, Any]]]] = {}
-        for row in read_rows(table):
-            if row["part"] >= 0:     # a block after a missing partition: summed on the client
-                later.setdefault(int(row["k"]), {}).setdefault(int(row["part"]), []).append(
-                    (row["seq"], row["payload"]))
-                continue
-            pieces.setdefault(int(row["k"]), []).append((row["seq"], row["payload"]))
-            if row["info"] is not None:
-                reports, seconds, started, finished = pickle.loads(row["info"])
-                result.reports.extend(reports)
-                result.reduce_s = max(result.reduce_s, seconds)
-                result.reduce_started_at = max(result.reduce_started_at, started)
-                result.reduce_finished_at = max(result.reduce_finished_at, finished)
-        result.reports.sort(key=lambda r: r.partition)
-        if result.missing_partitions:     # every block's sum stopped before the first one
-            result.pending_blocks = {
-                k: (join_chunks(c), [(p, join_chunks(parts)) for p, parts in
-                                     sorted(later.get(k, {}).items())])
-                for k, c in pieces.items()}
-            return result
-        for k, c in pieces.items():
-            payload = join_chunks(c)
-            if payload is None:
-                result.vector = None
-            elif result.vector is not None:
-                lo, hi = int(s.bounds[k]), int(s.bounds[k + 1])
-                result.vector[lo:hi] = np.frombuffer(payload, dtype=s.dtype)
-        return result
-
-    def _finish_blocks(self, result: AllReduceResult, filled: dict[int, Any], s: _Summing
-                       ) -> AllReduceResult:
-        """The shuffle path's blocks completed on the client: each reducer's sum of the
-        partitions before the first missing one, then, in partition order, the filled
-        partitions' blocks (encoded and decoded as the map side would have) and the later
-        partitions' blocks the reducer sent: bitwise the sum of an undisturbed shuffle."""
-        assert result.pending_blocks is not None
-        t0 = time.perf_counter()
-        vector: np.ndarray | None = np.empty(s.size, dtype=s.dtype)
-        reports = {r.partition: r for r in result.reports}
-        reports.update({p: report for p, (_, report) in filled.items()})
-        absent = reported_absent(reports.values())    # the filled tasks' own, not the missed
-        for k, (prefix, later) in result.pending_blocks.items():
-            lo, hi = int(s.bounds[k]), int(s.bounds[k + 1])
-            parts = dict(later)
-            for p, (filled_vector, _) in filled.items():
-                parts[p] = (None if filled_vector is None else
-                            s.codec.encode(filled_vector[lo:hi], lo))
-            if absent:      # a pass: the reducer sent every partition's block (ArrowReduce)
-                assert prefix is None
-                total = sum_in_order(list(parts.items()), s.codec, lo, hi - lo, absent)
-                if total is None:
-                    vector = None
-                elif vector is not None:
-                    vector[lo:hi] = total
-                continue
-            # the reducer's running sum, continued in partition order (as sum_in_order adds)
-            acc = None if prefix is None else np.frombuffer(prefix, s.dtype).copy()
-            for _, payload in sorted(parts.items()):
-                if payload is None:
-                    continue
-                block = s.codec.decode(payload, lo, hi - lo)
-                if acc is None:
-                    acc = block.copy()
-                else:
-                    acc += block
-            if acc is None:
-                vector = None
-            elif vector is not None:
-                vector[lo:hi] = acc
-        done = AllReduceResult(vector, reduce_s=result.reduce_s + time.perf_counter() - t0,
-                               reports=sorted(reports.values(), key=lambda r: r.partition),
-                               submitted_at=result.submitted_at,
-                               reduce_started_at=result.reduce_started_at,
-                               reduce_finished_at=result.reduce_finished_at,
-                               returned_at=result.returned_at)
-        assert not done.missing_partitions, "every missing partition is filled first"
-        return done
 
     def gradients(self, data: ConnectData, step: StepSpec, version: StateVersion
                   ) -> AllReduceResult:
@@ -423,10 +286,10 @@ class ConnectDataFrameRunner:
                 task = PassGradientTask(data.data_key, tasks, sizes, fits[0].summing.dtype.str,
                                         live=live)
                 s = self._pass_summing([number for number, _, _ in entries], sizes, data)
-            result = (self._driver_job(data, task, s) if s.driver
-                      else self._shuffle_job(data, task, s))
+            result = (driver_job(data, task, s) if s.driver
+                      else shuffle_job(data, task, s))
             result = complete_misses(result, lambda missing: data.fill(missing, task),
-                                     lambda r, filled: self._complete(r, filled, s),
+                                     lambda r, filled: complete(r, filled, s),
                                      data.num_partitions)
         finally:
             for payload in shipped:
@@ -435,7 +298,7 @@ class ConnectDataFrameRunner:
         return [result] if len(entries) == 1 else split_pass_result(result, sizes)
 
     def _pass_summing(self, numbers: list[int], sizes: list[int], data: ConnectData
-                      ) -> _Summing:
+                      ) -> Summing:
         """How these fits' vectors, one after another, are summed (kept while the set of fits
         stays the same), each fit's part through its own codec."""
         key = tuple(numbers)
@@ -443,21 +306,9 @@ class ConnectDataFrameRunner:
             dtype = self._fits[numbers[0]].summing.dtype
             codec = make_pass_codec([self._fits[n].summing.codec for n in numbers], sizes,
                                     dtype)
-            self._passes = {key: _Summing.of(sum(sizes), dtype, self._options,
+            self._passes = {key: Summing.of(sum(sizes), dtype, self._options,
                                              data.num_partitions, codec)}
         return self._passes[key]
-
-    def _complete(self, result: AllReduceResult, filled: dict[int, Any], s: _Summing
-                  ) -> AllReduceResult:
-        """An iteration with filled partitions, finished on the client in partition order,
-        bitwise what the undisturbed job gives, with nothing large in a job's function and no
-        other task computed again: the driver path sums the partitions' encoded vectors with
-        the filled ones in place of the missing; the shuffle path continues each reducer's
-        running sum (:meth:`_finish_blocks`)."""
-        if result.pending_blocks is not None:
-            return self._finish_blocks(result, filled, s)
-        missing = {p: filled[p] for p in result.missing_partitions if p in filled}
-        return s.client.complete(result, missing) if missing else result
 
     def evaluate(self, data: ConnectData, weights: np.ndarray,
                  metrics: Sequence[ValidationMetric], batch_size: int, fit: int | None = None

@@ -31,7 +31,7 @@ import torch
 
 from ..data.records import convert_records
 from ..errors import InvalidArgumentError
-from .interface import PartitionMetrics, RunnerOptions
+from .interface import GradientRunner, HopRunner, PartitionMetrics, RunnerOptions
 from ..executor.replicas import Replica, ReplicaSpec
 from ..executor.shard_store import Shard, ShardSummary, summarize_arrays
 from ..executor.hop_task import HopPartitionResult, HopSpec, HopTask
@@ -111,7 +111,7 @@ class _Fit:
         return self.replicas[sub]
 
 
-class InProcessRunner:
+class InProcessRunner(GradientRunner, HopRunner):
     """Runs the loop's jobs in this process (see the module docstring)."""
 
     spark_context = None

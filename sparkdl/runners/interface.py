@@ -10,6 +10,10 @@ tasks' reports), to run a validation job, and to repair lost data. Implementatio
 * :class:`sparkdl.runners.in_process.InProcessRunner` -- the same tasks as plain function calls
   in this process, summed in the same order: no Spark, bitwise the same result.
 
+What a strategy needs beyond the iteration is a protocol of its own (:class:`GradientRunner`,
+:class:`PassRunner`, :class:`HopRunner`); each runner class names the ones it implements among
+its bases, and a strategy whose protocol a runner lacks is refused before any job.
+
 Every implementation must sum in partition order (0, 1, 2, ...) so that all of them, and any
 retry, give bitwise the same vector.
 
@@ -24,7 +28,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -36,7 +40,8 @@ from ..transport.allreduce import AllReduceResult
 from ..transport.flat_layout import ParamLayout
 from ..transport.weight_refresh import StateVersion
 
-__all__ = ["DataHandle", "RunnerOptions", "PartitionMetrics", "IterationRunner", "PassRunner"]
+__all__ = ["DataHandle", "RunnerOptions", "PartitionMetrics", "IterationRunner", "GradientRunner",
+           "PassRunner", "HopRunner"]
 
 
 class DataHandle(Protocol):
@@ -142,3 +147,24 @@ class PassRunner(IterationRunner, Protocol):
     def close_fit(self, fit: int) -> None:
         """Release one fit's replicas and broadcasts (the data stays)."""
 
+
+@runtime_checkable
+class GradientRunner(Protocol):
+    """What the synchronous strategy needs (:mod:`sparkdl.engine.strategies.sync`): one fit's
+    gradient job (every :class:`IterationRunner` has it)."""
+
+    def gradients(self, data: DataHandle, step: StepSpec, weights: StateVersion
+                  ) -> AllReduceResult:
+        """The summed gradient of one iteration (see :class:`IterationRunner`)."""
+
+
+@runtime_checkable
+class HopRunner(Protocol):
+    """What model hopping needs (:mod:`sparkdl.engine.strategies.hop`): jobs in which each
+    task trains the models assigned to its partition, one after another, where its shard
+    sits."""
+
+    def hop(self, data: DataHandle, bundles: dict[int, bytes],
+            assignments: dict[int, list[tuple[int, Any]]]) -> dict[int, Any]:
+        """One hop job: for each partition with assignments, the task's result (its models'
+        reports, whether its shard was missing), by partition."""

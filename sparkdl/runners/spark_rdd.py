@@ -32,7 +32,7 @@ from ..spark_settings import shard_replicas, spark_setting, speculation_never_fi
 from .cached_rdd import (CachedData, clean_workers, lost_data_reason, memory_kill_reason,
                          shard_place)
 from .held_data import complete_misses, not_found
-from .interface import PartitionMetrics, RunnerOptions
+from .interface import GradientRunner, HopRunner, PartitionMetrics, RunnerOptions
 from ..executor.replicas import ReplicaSpec
 from ..executor.step import StepSpec
 from ..executor.hop_task import HopPartitionResult, HopSpec, HopTask
@@ -53,7 +53,7 @@ __all__ = ["SparkRddRunner"]
 log = logging.getLogger(__name__)
 
 
-class SparkRddRunner:
+class SparkRddRunner(GradientRunner, HopRunner):
     """RDD + broadcast + AllReduce jobs on ``sc`` (see the module docstring)."""
 
     def __init__(self, sc: Any) -> None:

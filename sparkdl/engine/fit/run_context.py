@@ -3,14 +3,15 @@
 :class:`RunSettings` holds the user's choices that fix a run's arithmetic and reporting;
 :class:`RunContext` adds the torch objects, the runner and its data, the batch plan, the optional
 validation and checkpointing, and what changes as the run goes (the iteration, the summary).
-:meth:`sparkdl.DistriOptimizer.optimize` builds one and hands it to
-:class:`sparkdl.engine.strategies.sync.step.TrainingLoop`.
+:func:`sparkdl.engine.fit.opening.open_fit` builds one when a fit opens; the fit's lifecycle
+(:mod:`sparkdl.engine.fit.lifecycle`) and its strategy's steps (:mod:`sparkdl.engine.strategies`)
+share it.
 
 Example::
 
     ctx = RunContext(settings, model, criterion, "mean", optimizer, None, ParamLayout(model),
                      MaxEpoch(1), runner, train, BatchPlan([50, 50], 20, 0))
-    TrainingLoop(ctx).run()
+    SyncStep(ctx, FitLifecycle(ctx))
 """
 
 from __future__ import annotations
@@ -55,8 +56,7 @@ class RunSettings:
                 "micro_batch_size": self.micro_batch_size,
                 "lr_scheduler_step": self.lr_scheduler_step,
                 "compression": options.compression, "precision": options.precision,
-                "sub_replicas": self.sub_replicas} | (
-                    {"strategy": plan.strategy} if hasattr(plan, "strategy") else {})
+                "sub_replicas": self.sub_replicas}
 
 
 KEY_DEFAULTS: dict[str, Any] = {"micro_batch_size": None, "lr_scheduler_step": "epoch",
@@ -94,6 +94,9 @@ class RunContext:
     """The user's training step (:mod:`sparkdl.training_step`), or None for the criterion."""
     fit_key: dict[str, Any] = field(default_factory=dict)
     """The fit's data, hyperparameters and initial weights (:mod:`sparkdl.engine.fit.resume.fit_identity`)."""
+    strategy_key: dict[str, Any] = field(default_factory=dict)
+    """The strategy's own settings in the resume key (``{"strategy": ...}`` for a hop; none
+    for the plain one): :meth:`sparkdl.engine.strategies.base.Strategy.resume_key`."""
     best_states: dict[int, dict[str, Any]] = field(default_factory=dict)
     """Weights kept for early stops with ``restore_best``, by the trigger's position among the
     end trigger's EarlyStopping triggers."""
@@ -108,4 +111,4 @@ class RunContext:
     def resume_key(self) -> dict[str, Any]:
         """What a checkpoint must have been written with for this run to resume it."""
         # the settings as the run resolved them (sub_replicas: the count chosen, not None)
-        return self.fit_key | self.settings.reproducibility_key(self.plan)
+        return self.fit_key | self.settings.reproducibility_key(self.plan) | self.strategy_key

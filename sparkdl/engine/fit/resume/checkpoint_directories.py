@@ -89,7 +89,7 @@ def check_shared_directories(fits: Sequence[Any]) -> None:
     (the later resumes the earlier's end). ``by_fit`` directories hold one fit each."""
     by_path: dict[str, list[int]] = {}
     for k, fit in enumerate(fits):
-        setup = getattr(fit, "_checkpoint_setup", None)
+        setup = fit.checkpoint_setup
         if setup is not None and not setup.by_fit:
             by_path.setdefault(setup.path.rstrip("/"), []).append(k)
     for path, members in by_path.items():

@@ -108,7 +108,8 @@ class Checkpoints:
         if "identity_version" not in state["run"]:
             # written before identities were derived from content: its hyperparameters and
             # weights were recorded another way, only the data and the settings compare
-            comparable = set(ctx.settings.reproducibility_key(ctx.plan)) | {"data"}
+            comparable = (set(ctx.settings.reproducibility_key(ctx.plan)) | set(ctx.strategy_key)
+                          | {"data"})
             log.warning("the checkpoint %s predates fit identities derived from content: only "
                         "its data and %s are verified before resuming it", name,
                         ", ".join(sorted(comparable - {"data"})))

@@ -98,6 +98,27 @@ def _narrowable(value: Any) -> bool:
             and not _is_pandas(value))
 
 
+def _pandas_content(value: Any) -> dict[str, Any]:
+    """What a pandas object holds: its labels (an index walked the same way), dtypes, ``attrs``
+    and a stable 64-bit hash of each row (pandas' own, with its fixed key), or its cells where
+    pandas cannot hash them (lists)."""
+    import pandas as pd
+
+    if isinstance(value, pd.Index):
+        content: dict[str, Any] = {"dtype": repr(value.dtype), "names": list(value.names)}
+    elif isinstance(value, pd.Series):
+        content = {"name": value.name, "dtype": repr(value.dtype), "index": value.index,
+                   "attrs": value.attrs}
+    else:
+        content = {"columns": value.columns, "dtypes": [repr(d) for d in value.dtypes],
+                   "index": value.index, "attrs": value.attrs}
+    try:
+        content["rows"] = pd.util.hash_pandas_object(value, index=False).to_numpy()
+    except TypeError:
+        content["cells"] = np.asarray(value.to_numpy(), dtype=object)
+    return content
+
+
 def _is_pandas(value: Any) -> bool:
     pd = sys.modules.get("pandas")
     return pd is not None and isinstance(value, (pd.DataFrame, pd.Series, pd.Index))
@@ -272,38 +293,10 @@ class _Walker:
             self.put("path", f"{type(value).__qualname__}:{value}")
             return
         if _is_pandas(value):                     # by content, not its caches
-            self._pandas(value, path)
+            self.put("pandas", f"{type(value).__module__}.{type(value).__qualname__}")
+            self.walk(_pandas_content(value), path)
             return
         self._instance(value, path)
-
-    def _pandas(self, value: Any, path: str) -> None:
-        import pandas as pd
-
-        self.put("pandas", f"{type(value).__module__}.{type(value).__qualname__}")
-        if isinstance(value, pd.Index):
-            self.put("dtype", repr(value.dtype))
-            self.walk(list(value.names), f"{path}.names")
-            self._pandas_values(value, path)
-            return
-        self.walk(value.attrs, f"{path}.attrs")
-        if isinstance(value, pd.Series):
-            self.walk(value.name, f"{path}.name")
-            self.put("dtype", repr(value.dtype))
-        else:
-            self.walk(value.columns, f"{path}.columns")
-            self.walk([repr(d) for d in value.dtypes], f"{path}.dtypes")
-        self.walk(value.index, f"{path}.index")
-        self._pandas_values(value, path)
-
-    def _pandas_values(self, value: Any, path: str) -> None:
-        import pandas as pd
-
-        try:                                   # one stable 64-bit hash a row (fixed key)
-            rows = pd.util.hash_pandas_object(value, index=False).to_numpy()
-        except TypeError:                      # cells pandas cannot hash (lists): each one
-            self.walk(np.asarray(value.to_numpy(), dtype=object), f"{path} values")
-            return
-        self.walk(rows, f"{path} row hashes")
 
     def _class(self, cls: type, path: str) -> None:
         module = getattr(cls, "__module__", "") or ""

@@ -29,12 +29,12 @@ Example::
 from __future__ import annotations
 
 import hashlib
-import inspect
 from typing import Any, Mapping, Sequence
 
 from ....triggers import EarlyStopping
 from ....errors import UnidentifiableError
 from .content_digest import content_digest
+from ..spec import ARGUMENTS, Fit, fit_of
 from ..optim.optimizer_sequence import OptimizerSequence, optimizer_members, scheduler_needs_metric
 
 __all__ = ["fit_identity", "data_digest", "identity_directory", "params_identity",
@@ -102,8 +102,8 @@ def _rendered(value: Any, what: str, named: bool) -> Any:
         raise
 
 
-def current_argument(opt: Any, name: str) -> Any:
-    """The value of ``DistriOptimizer`` argument ``name`` as the object holds it now."""
+def current_argument(opt: Fit, name: str) -> Any:
+    """The value of ``DistriOptimizer`` argument ``name`` as the fit holds it now."""
     for holder in (opt, opt.settings, opt.settings.runner_options):
         if hasattr(holder, name):
             return getattr(holder, name)
@@ -136,22 +136,26 @@ reproducibility settings can be compared (:meth:`sparkdl.engine.fit.resume.check
 restore`)."""
 
 
-def validation_decides(opt: Any) -> bool:
+def validation_decides(fit: Fit) -> bool:
     """Whether validation can change the weights: an end trigger reads its metrics (early
     stopping, restore-best) or the scheduler steps on a metric (ReduceLROnPlateau)."""
-    return opt._validation is not None and (bool(opt.end_trigger.metric_names())
-                                            or scheduler_needs_metric(opt.lr_scheduler))
+    return fit.validation is not None and (bool(fit.end_trigger.metric_names())
+                                           or scheduler_needs_metric(fit.lr_scheduler))
 
 
-def fit_identity(opt: Any) -> dict[str, Any]:
-    """The identity of ``opt``'s fit as it is now, without the data (see the module docstring).
-    Raises :class:`UnidentifiableError` for an object that cannot be hashed, unless the fit has
-    an explicit name."""
-    name = getattr(opt, "_fit_name", None)
+def fit_identity(fit: Any) -> dict[str, Any]:
+    """The identity of ``fit`` (a :class:`~sparkdl.engine.fit.spec.Fit`, or the
+    :class:`~sparkdl.DistriOptimizer` that holds one) as it is now, without the data (see the
+    module docstring). Raises :class:`UnidentifiableError` for an object that cannot be hashed,
+    unless the fit has an explicit name."""
+    opt = fit_of(fit)
+    if opt is None:
+        raise TypeError(f"fit_identity takes a Fit or a DistriOptimizer; got {type(fit)!r}")
+    name = opt.name
     named = name is not None
     identity: dict[str, Any] = {"identity_version": IDENTITY_VERSION}
-    for argument in inspect.signature(type(opt).__init__).parameters:
-        if argument == "self" or argument in NOT_IN_IDENTITY:
+    for argument in ARGUMENTS:
+        if argument in NOT_IN_IDENTITY:
             continue
         value = current_argument(opt, argument)
         identity[argument] = (_optimizer(value, opt.model, named) if argument == "optimizer"
@@ -159,10 +163,10 @@ def fit_identity(opt: Any) -> dict[str, Any]:
     identity["early_stopping"] = [
         _rendered(t, "the end trigger's EarlyStopping", named)
         for t in opt.end_trigger.walk() if isinstance(t, EarlyStopping)]
-    clipping = opt._clipping
+    clipping = opt.clipping
     identity["clipping"] = None if clipping is None else {
         k: getattr(clipping, k) for k in ("max_norm", "norm_type", "min_value", "max_value")}
-    validation = opt._validation
+    validation = opt.validation
     identity["validation"] = None
     if validation_decides(opt):
         identity["validation"] = {
@@ -170,7 +174,7 @@ def fit_identity(opt: Any) -> dict[str, Any]:
             "metrics": _rendered(validation.metrics, "the validation metrics", named),
             "batch_size": validation.batch_size}
     identity["fit_identity"] = name
-    extra = getattr(opt, "_identity_extra", None)
+    extra = opt.identity_extra
     if extra:
         identity["caller"] = {k: _rendered(v, k, named) for k, v in sorted(extra.items())}
     return identity

@@ -52,15 +52,14 @@ from ....executor.process_memory import current_rss_bytes
 from ....executor.replicas import ReplicaSpec, load_non_persistent_buffers
 from ....triggers import (EveryEpoch, MaxEpoch, MaxIteration, SeveralIteration, TrainingState,
                         Trigger, TriggerAnd, TriggerOr)
+from ...fit.lifecycle import FitLifecycle, stop_not_finite
 from ...fit.optim.optimizer_sequence import needs_closure, scheduler_needs_metric
-from ..sync.pass_jobs import PassLoop
-from ...fit.recovery import run_with_recovery
-from ...fit.run_context import RunContext
-from ...fit.reports.summary import IterationRecord
-from ..sync.step import stop_not_finite
 from ...fit.optim.update_threads import one_update_thread
+from ...fit.recovery import run_with_recovery
+from ...fit.reports.summary import IterationRecord
+from ...fit.run_context import RunContext
 
-__all__ = ["HopMember", "HopLoop", "horizon", "next_change", "check_hop_settings"]
+__all__ = ["HopMember", "HopJobs", "horizon", "next_change", "check_hop_settings"]
 
 log = logging.getLogger("sparkdl")
 
@@ -82,11 +81,11 @@ def check_hop_settings(owner: str, precision: str, device: str) -> None:
 @dataclass
 class HopMember:
     """One fit of a hop: its run context (whose ``plan`` is a
-    :class:`sparkdl.engine.strategies.hop.order.HopPlan`), its loop (progress, best weights), and the spec
-    its model ships with."""
+    :class:`sparkdl.engine.strategies.hop.order.HopPlan`), its lifecycle (progress, validation,
+    best weights, checkpoints), and the spec its model ships with."""
 
     ctx: RunContext
-    loop: Any                       # sparkdl.engine.strategies.sync.step.TrainingLoop
+    lifecycle: FitLifecycle
     spec: ReplicaSpec
     cap: int = 0
     """When > 0: the next job runs at most this many sub-epochs (those that trained well
@@ -159,19 +158,18 @@ def horizon(member: HopMember) -> int:
     return max(1, int(stop) - it)
 
 
-class HopLoop(PassLoop):
-    """Runs the fits of ``members`` by model hopping until every fit's end trigger fired (see
-    the module docstring): :class:`~sparkdl.engine.strategies.sync.pass_jobs.PassLoop`'s loop over the fits,
-    with hop jobs. ``keep_going``: a fit that fails leaves with its error kept in
-    :attr:`errors` (by position), the others go on; else the error is raised at once."""
+class HopJobs:
+    """The hop jobs of the fits of ``members`` (see the module docstring), run by a
+    :class:`~sparkdl.engine.strategies.base.FitsDriver`: each round one job trains every
+    active fit's model from its next sub-epoch on, and each fit completes its visits. The
+    models travel through ``runner`` (a :class:`sparkdl.runners.interface.HopRunner`)."""
 
-    word = "hop"
-
-    def __init__(self, members: Sequence[HopMember], keep_going: bool = False) -> None:
+    def __init__(self, members: Sequence[HopMember], runner: Any) -> None:
         self.members = list(members)
-        super().__init__([m.loop for m in self.members], keep_going)
+        self.runner = runner
+        self.jobs = 0
 
-    def _starting(self, active: list[int]) -> None:
+    def starting(self, active: list[int]) -> None:
         if active:
             partitions = self.members[active[0]].ctx.plan.num_partitions
             if len(active) < partitions:
@@ -179,7 +177,7 @@ class HopLoop(PassLoop):
                          "%d tasks busy (the 'together' strategy uses every task for every "
                          "model)", len(active), partitions, len(active), partitions)
 
-    def _iteration(self, active: list[int]) -> dict[int, Callable[[], bool]]:
+    def iteration(self, active: list[int]) -> dict[int, Callable[[], bool]]:
         reports, job_s = self._hop_job(active)
         return {k: (lambda k=k: self._complete(k, reports.get(k), job_s)) for k in active}
 
@@ -221,7 +219,7 @@ class HopLoop(PassLoop):
         if not bundles:
             return {}, time.perf_counter() - t0
         first = self.members[active[0]].ctx
-        runner = first.runner.runner        # the FitView's shared runner
+        runner = self.runner
         self.jobs += 1
         what = f"hop job {self.jobs} ({len(bundles)} models)"
         results = run_with_recovery(
@@ -294,7 +292,7 @@ class HopLoop(PassLoop):
         after a job's last visit may they act: :func:`horizon` ends a job's run where one
         could). True when the end trigger fired."""
         member = self.members[k]
-        ctx, loop = member.ctx, member.loop
+        ctx, life = member.ctx, member.lifecycle
         per_epoch = ctx.plan.iterations_per_epoch
         epoch = ctx.iteration // per_epoch
         ctx.iteration += 1
@@ -309,14 +307,12 @@ class HopLoop(PassLoop):
             compute_s=compute_s, reduce_s=0.0, update_s=update_s, broadcast_s=0.0,
             other_s=max(0.0, wall_s - compute_s - update_s),
             driver_rss_bytes=current_rss_bytes(), worker_rss_bytes=rss_bytes)
-        ctx.summary.iterations.append(record)
-        assert loop.reporter is not None
-        loop.reporter.iteration(record)
+        life.record(record)
         state = TrainingState(ctx.iteration, epoch + int(epoch_finished), epoch_finished,
-                              loss=loss if samples else None, metrics=dict(loop.metrics))
+                              loss=loss if samples else None, metrics=dict(life.metrics))
         if not last:
             return ctx.end_trigger(state)
-        return loop.finish_iteration(state, epoch, loss,
+        return life.finish_iteration(state, epoch, loss,
                                      lambda: ctx.layout.state_vector(ctx.model),
                                      epoch_finished and member.driver_scheduler, "sub-epochs")
 

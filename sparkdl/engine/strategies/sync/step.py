@@ -1,20 +1,23 @@
-"""The synchronous SGD loop (driver side): one job per iteration, the user's optimizer on the
-driver.
+"""The synchronous SGD step of one fit (driver side): one job per iteration, the user's
+optimizer on the driver.
 
 Each iteration: the plan says which samples every partition takes
 (:class:`sparkdl.data.batch_plan.BatchPlan`); the runner runs the job and returns the sum over
 partitions of ``(|B_i| / |B|) * grad on B_i`` with the tasks' reports
-(:mod:`sparkdl.runners.interface`); the loop stops on a non-finite loss or gradient, puts the
+(:mod:`sparkdl.runners.interface`); the step stops on a non-finite loss or gradient, puts the
 sum into ``p.grad`` (None for parameters no task gave a gradient), combines the buffers the tasks
 changed (:func:`sparkdl.transport.flat_layout.combine_buffers`), clips the gradient if asked,
 calls ``optimizer.step()`` (with a closure that runs one more job per evaluation for closure
-optimizers such as LBFGS) and the LR scheduler, records the iteration, and asks the triggers
-whether to validate, checkpoint or stop (restoring the best weights for an early stop). It never
-touches Spark.
+optimizers such as LBFGS) and the LR scheduler, records the iteration, and hands the rest to the
+fit's lifecycle (:mod:`sparkdl.engine.fit.lifecycle`: validation, checkpoints, triggers, best
+weights). It never touches Spark.
 
 Example::
 
-    TrainingLoop(ctx).run()       # ctx: a sparkdl.engine.fit.run_context.RunContext
+    step = SyncStep(ctx, FitLifecycle(ctx))
+    if step.start():
+        spec, weights = step.request()
+        ended = step.complete(runner.gradients(ctx.train, spec, weights))
 """
 
 from __future__ import annotations
@@ -24,29 +27,27 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-from ....errors import (NonFiniteError, SparkdlError, TrainingDataError, TrainingStepError,
-                      raise_reported)
+from ....errors import SparkdlError, TrainingDataError, TrainingStepError, raise_reported
 from ....executor.process_memory import current_rss_bytes
 from ....executor.step import StepSpec
 from ....transport.allreduce import AllReduceResult
 from ....transport.flat_layout import combine_buffers, summed_presence
 from ....transport.table_rows import gather_rows, rows_finite, scale_rows
 from ....transport.weight_refresh import DriverWeights, StateVersion, row_local_tables
-from ....triggers import EarlyStopping, TrainingState, planned_iterations
-from ...fit.optim.optimizer_sequence import needs_closure, optimizer_members, scheduler_needs_metric
-from .pass_jobs import PassLoop
-from ...fit.reports.progress import ProgressReporter
-from ...fit.recovery import run_with_recovery
-from ...fit.run_context import RunContext
-from ...fit.reports.summary import IterationRecord
+from ....triggers import TrainingState
+from ...fit.lifecycle import FitLifecycle, stop_not_finite
+from ...fit.optim.optimizer_sequence import needs_closure, optimizer_members
 from ...fit.optim.update_threads import one_update_thread
+from ...fit.recovery import run_with_recovery
+from ...fit.reports.summary import IterationRecord
+from ...fit.run_context import RunContext
 
-__all__ = ["TrainingLoop", "stop_not_finite"]
+__all__ = ["SyncStep"]
 
 log = logging.getLogger("sparkdl")
 
@@ -83,79 +84,30 @@ def _batch_loss(result: AllReduceResult) -> float:
     return float(math.fsum(r.loss for r in result.reports))
 
 
-def stop_not_finite(ctx: RunContext, what: str, unit: str = "iteration") -> None:
-    """The NaN policy: stop with the last good weights (the model's now, also checkpointed when
-    the run checkpoints) in a :class:`NonFiniteError`; ``what`` was not finite in ``unit``
-    ``ctx.iteration + 1``."""
-    path = ctx.checkpoints.write(ctx) if ctx.checkpoints is not None else None
-    good = {k: v.detach().clone() for k, v in ctx.model.state_dict().items()}
-    message = (f"Training stopped at {unit} {ctx.iteration + 1}: {what}. The model keeps the "
-               f"last good weights (after {unit} {ctx.iteration}); they are in this error's "
-               "state_dict" + (f" and in checkpoint {path}" if path else "") +
-               ". Lower the learning rate, clip gradients or check the data.")
-    log.error("%s", message)
-    raise NonFiniteError(message, ctx.iteration + 1, good, path)
+class SyncStep:
+    """One fit's synchronous SGD iterations, from its current one (see the module
+    docstring); ``lifecycle`` is the fit's own."""
 
-
-class TrainingLoop:
-    """Runs ``ctx`` from its current iteration until the end trigger fires."""
-
-    def __init__(self, ctx: RunContext) -> None:
+    def __init__(self, ctx: RunContext, lifecycle: FitLifecycle) -> None:
         self.ctx = ctx
-        self._metrics: dict[str, float] = (dict(ctx.summary.validations[-1].metrics)
-                                           if ctx.summary.validations else {})
+        self.lifecycle = lifecycle
         self._devices: set[str] = set()
         self._skipped = False
         self._used_scale = 0.0
         self._closure = needs_closure(ctx.optimizer)
-        self._metric_scheduler = scheduler_needs_metric(ctx.lr_scheduler)
-        self._reporter: ProgressReporter | None = None
-        self._iteration_level = logging.INFO
-
-    def run(self) -> None:
-        """Train this fit alone: a pass of one (:class:`sparkdl.engine.strategies.sync.pass_jobs.PassLoop`)."""
-        PassLoop([self]).run()
 
     def start(self) -> bool:
-        """Before the first iteration: False when the end trigger had already fired (a resumed
-        run that had ended), else the progress reporting starts and the loop is ready."""
-        ctx = self.ctx
-        per_epoch = ctx.plan.iterations_per_epoch
-        if ctx.validation is not None:
-            ctx.validation.warn_about_threshold(ctx)
-        if ctx.iteration > 0:
-            last = ctx.summary.iterations[-1].loss if ctx.summary.iterations else None
-            state = TrainingState(ctx.iteration, ctx.iteration // per_epoch,
-                                  ctx.iteration % per_epoch == 0, last, dict(self._metrics))
-            if ctx.end_trigger(state):
-                self.restore_best()
-                log.info("the end trigger had already fired at iteration %d: nothing to train",
-                         ctx.iteration)
-                return False
-        self._reporter = ProgressReporter(ctx.settings.progress_bar,
-                                          ctx.settings.tensorboard_dir, per_epoch,
-                                          planned_iterations(ctx.end_trigger, per_epoch),
-                                          ctx.iteration, listeners=ctx.listeners)
-        self._iteration_level = logging.DEBUG if self._reporter.console else logging.INFO
-        self._weights = DriverWeights(ctx.layout, ctx.model, self._row_local())
+        """Before the first iteration: False when the fit had ended already (a resumed run),
+        else its lifecycle starts and the weights to ship are taken."""
+        if not self.lifecycle.start():
+            return False
+        self._weights = DriverWeights(self.ctx.layout, self.ctx.model, self._row_local())
         self._next_weights = self._weights.current()
         return True
 
     def close(self) -> None:
-        """End the progress reporting (after the last iteration or a failure)."""
-        reporter, self._reporter = self._reporter, None
-        if reporter is not None:
-            reporter.close()
-
-    @property
-    def reporter(self) -> ProgressReporter | None:
-        """The run's progress sinks, between :meth:`start` and :meth:`close`."""
-        return self._reporter
-
-    @property
-    def metrics(self) -> dict[str, float]:
-        """The latest validation's metrics (empty before the first)."""
-        return self._metrics
+        """After the last iteration or a failure."""
+        self.lifecycle.close()
 
     def request(self) -> tuple[StepSpec, StateVersion]:
         """The next iteration's step and weights: what its gradient job computes."""
@@ -214,8 +166,7 @@ class TrainingLoop:
         :meth:`checked`): the update, the record, validation, checkpoints and the triggers.
         True when the end trigger fired (the fit is done)."""
         ctx = self.ctx
-        reporter = self._reporter
-        assert reporter is not None
+        life = self.lifecycle
         spec, t_start = self._spec, self._t_start
         per_epoch = ctx.plan.iterations_per_epoch
         epoch, step = self._epoch_step
@@ -232,7 +183,7 @@ class TrainingLoop:
             ctx.settings.lr_scheduler_step == "iteration" or epoch_finished)
         with one_update_thread():    # the same bits on any driver (update_threads)
             self._update(spec, state_vector, result)
-            if scheduler_due and not self._metric_scheduler:
+            if scheduler_due and not life.metric_scheduler:
                 ctx.lr_scheduler.step()
         weights = self._refreshed(result, local_before)
         self._next_weights = weights
@@ -240,44 +191,16 @@ class TrainingLoop:
         update_s = time.perf_counter() - t_update
         ctx.iteration += 1
         state = TrainingState(ctx.iteration, epoch + int(epoch_finished), epoch_finished,
-                              loss=loss, metrics=dict(self._metrics))
+                              loss=loss, metrics=dict(life.metrics))
         record = self._record(result, epoch, spec.batch_size, loss, lr, update_s,
                               time.perf_counter() - t_start,
                               ctx.train.shards_rebuilt - self._rebuilt_before)
-        log.log(self._iteration_level,
+        log.log(life.iteration_level,
                 "epoch %d iteration %d (%d/%d): records %d, loss %.6g, %.0f samples/s",
                 epoch + 1, ctx.iteration, step + 1, per_epoch, spec.batch_size, loss,
                 record.samples_per_s)
-        reporter.iteration(record)
-        return self.finish_iteration(state, epoch, loss, lambda: state_vector,
-                                     scheduler_due and self._metric_scheduler)
-
-    def finish_iteration(self, state: TrainingState, epoch: int, loss: float,
-                         weights: Callable[[], np.ndarray], metric_step: bool,
-                         unit: str = "iterations") -> bool:
-        """After an iteration's update and record (``state``: where training stands, ``epoch``
-        the 0-based epoch it belonged to): validation with ``weights()`` when its trigger
-        fires, a metric scheduler's step when ``metric_step``, the end trigger, the weights an
-        early stop may restore, checkpoints. True when the end trigger fired (the best
-        weights are then restored). Model hopping calls it after a sub-epoch."""
-        ctx = self.ctx
-        assert self._reporter is not None
-        if ctx.validation is not None and ctx.validation.trigger(state):
-            validation = ctx.validation.run(ctx, weights(), state)
-            self._reporter.validation(validation)
-            self._metrics = dict(validation.metrics)
-            state = dataclasses.replace(state, metrics=dict(self._metrics), validated=True)
-        if metric_step:
-            ctx.lr_scheduler.step(self._scheduler_metric(state, epoch, loss))
-        ended = ctx.end_trigger(state)
-        self.remember_best(state)
-        if ctx.checkpoints is not None and ctx.checkpoints.setup.trigger(state):
-            ctx.checkpoints.write(ctx)
-        if ended:
-            self.restore_best()
-            log.info("training finished after %d %s (%d epochs): loss %.6g", ctx.iteration,
-                     unit, state.epoch, loss)
-        return ended
+        return life.finish_iteration(state, epoch, loss, lambda: state_vector,
+                                     scheduler_due and life.metric_scheduler)
 
     # ------------------------------------------------------------------ the weights' refresh
     def _row_local(self) -> set[int]:
@@ -378,38 +301,6 @@ class TrainingLoop:
         ctx.optimizer.zero_grad(set_to_none=True)
         scaler.update(found_inf)
 
-    def _scheduler_metric(self, state: TrainingState, epoch: int, loss: float) -> float:
-        """What a scheduler whose ``step`` takes a metric (``ReduceLROnPlateau``) is given: the
-        validation loss when validation ran on this iteration, else the mean training loss over
-        the samples since its last step (the epoch's, or this iteration's when it steps every
-        iteration)."""
-        if state.validated and "Loss" in state.metrics:
-            return float(state.metrics["Loss"])
-        if self.ctx.settings.lr_scheduler_step == "iteration":
-            return loss
-        records = [r for r in self.ctx.summary.iterations if r.epoch == epoch + 1 and r.records]
-        total = math.fsum(r.records for r in records)
-        return math.fsum(r.loss * r.records for r in records) / total
-
-    # ------------------------------------------------------------------ early stopping
-    def remember_best(self, state: TrainingState) -> None:
-        """Keep a copy of the weights an early stop may restore (only when they improved)."""
-        for k, trigger in enumerate(self._early_stops()):
-            if trigger.improved and trigger.restore_best:
-                self.ctx.best_states[k] = {name: value.detach().clone()
-                                           for name, value in self.ctx.model.state_dict().items()}
-
-    def restore_best(self) -> None:
-        for k, trigger in enumerate(self._early_stops()):
-            best = self.ctx.best_states.get(k)
-            if trigger.stopped and trigger.restore_best and best is not None:
-                self.ctx.model.load_state_dict(best)
-                log.info("early stopping on %s: restored the weights of iteration %d (%s %.6g)",
-                         trigger.metric, trigger.best_iteration, trigger.metric, trigger.best)
-
-    def _early_stops(self) -> list[EarlyStopping]:
-        return [t for t in self.ctx.end_trigger.walk() if isinstance(t, EarlyStopping)]
-
     def _record(self, result: AllReduceResult, epoch: int, records: int, loss: float,
                 lr: float, update_s: float, wall: float, rebuilt: int) -> IterationRecord:
         compute_s = max((r.compute_s for r in result.reports), default=0.0)
@@ -427,7 +318,7 @@ class TrainingLoop:
             step_skipped=self._skipped, shards_rebuilt=rebuilt,
             executors={r.partition: r.executor for r in result.reports
                        if getattr(r, "executor", "")}, **spans)
-        self.ctx.summary.iterations.append(record)
+        self.lifecycle.record(record)
         return record
 
     def _stop_if_not_finite(self, loss: float, vector: np.ndarray,
