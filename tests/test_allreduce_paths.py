@@ -193,7 +193,8 @@ def test_connect_shuffle_blocks_after_a_miss_finish_on_the_client_bitwise(codec_
     import pyarrow as pa
 
     from sparkdl.executor.arrow_tasks import ArrowGradientMap, ArrowReduce, read_rows
-    from sparkdl.runners.connect_dataframe import ConnectDataFrameRunner, _Summing
+    from sparkdl.runners import connect_summing
+    from sparkdl.runners.connect_summing import Summing as _Summing
     from sparkdl.transport.allreduce import DriverAllReduce, block_bounds
     from sparkdl.transport.codecs import make_codec
 
@@ -219,14 +220,13 @@ def test_connect_shuffle_blocks_after_a_miss_finish_on_the_client_bitwise(codec_
             out.extend(ArrowReduce(bounds, codec)([batch]))
         return pa.Table.from_batches(out)
 
-    runner = ConnectDataFrameRunner(spark=None)
     summing = _Summing(size, np.dtype(np.float32), False, bounds, codec,
                        DriverAllReduce(size, np.float32, codec))
-    undisturbed = runner._shuffle_result(reduced([]), 0.0, summing)
-    first = runner._shuffle_result(reduced(missing), 0.0, summing)
+    undisturbed = connect_summing.shuffle_result(reduced([]), 0.0, summing)
+    first = connect_summing.shuffle_result(reduced(missing), 0.0, summing)
     assert first.missing_partitions == missing and first.pending_blocks is not None
     filled = {p: (vectors[p], _Report(p, False)) for p in missing}
-    done = runner._complete(first, filled, summing)
+    done = connect_summing.complete(first, filled, summing)
     assert done.missing_partitions == [] and len(done.reports) == n
     assert np.array_equal(done.vector, undisturbed.vector)
 
@@ -331,7 +331,8 @@ def test_a_pass_under_connect_sends_each_fits_table_rows_once_and_splits_them_by
     from sparkdl.executor.arrow_tasks import ArrowGradientMap, ArrowReduce, read_rows
     from sparkdl.executor.step import TaskReport
     from sparkdl.executor.tasks import PassReport
-    from sparkdl.runners.connect_dataframe import ConnectDataFrameRunner, _Summing
+    from sparkdl.runners import connect_summing
+    from sparkdl.runners.connect_summing import Summing as _Summing
     from sparkdl.transport.allreduce import DriverAllReduce, block_bounds
     from sparkdl.transport.codecs import ExactCodec
     from sparkdl.transport.pass_results import split_pass_result
@@ -366,7 +367,7 @@ def test_a_pass_under_connect_sends_each_fits_table_rows_once_and_splits_them_by
     reduced = pa.Table.from_batches([b for k in sorted(by_block) for b in ArrowReduce(
         bounds, codec)([pa.RecordBatch.from_pylist(by_block[k])])])
     summing = _Summing(size, f32, False, bounds, codec, DriverAllReduce(size, f32, codec))
-    result = ConnectDataFrameRunner(spark=None)._shuffle_result(reduced, 0.0, summing)
+    result = connect_summing.shuffle_result(reduced, 0.0, summing)
     first, second = split_pass_result(result, sizes)
     assert first.rows is None and second.rows is None     # the driver sums them, per fit
     mine = gather_rows(first.reports, f32)
