@@ -168,7 +168,9 @@ def test_page_examples_run(page, spark, tmp_path, monkeypatch):
                 extra = _missing_extra(exc)
                 if extra is None:
                     raise
-                pytest.skip(f"{block.where} needs {extra}, not installed here")
+                pytest.fail(f"{block.where} needs {extra}, which the test extra installs: "
+                            "run the README's test command (never skipped: an example that "
+                            "does not run is not checked)")
     finally:
         torch.set_rng_state(torch_rng)
         if tracking_uri is not None or "mlflow" in sys.modules:

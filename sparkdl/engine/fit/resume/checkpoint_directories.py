@@ -142,8 +142,8 @@ def note_settings(parent: str, directory: str, key: dict[str, Any], files: FileS
     mine = _settings(key)
     name = posixpath.basename(directory.rstrip("/"))
     try:
+        files.mkdirs(directory)
         if not any(n.startswith(f"{_MARKER}{mine}-") for n in files.names(directory)):
-            files.mkdirs(directory)
             files.write(directory, f"{_MARKER}{mine}-{_PROCESS}", b"")
         if resumed or parent in _TOLD:
             return
