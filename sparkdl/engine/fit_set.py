@@ -45,7 +45,7 @@ import torch
 
 from ..argument_checks import check_choice, check_int
 from ..errors import InvalidArgumentError
-from ..runners.fit_view import FitView, shares_passes
+from ..runners.fit_view import FitView
 from ..spark_settings import spark_setting
 from ..transport.flat_layout import ParamLayout
 from .fit.resume.checkpoint_directories import DirectoryHeldError, check_shared_directories
@@ -157,6 +157,9 @@ class FitSet:
                 f"FitSet's hop_positions must be one int >= 0 per fit ({len(self.fits)}); got "
                 f"{hop_positions!r}.")
         self.hop_positions = positions
+        self.plan: Strategy = (HopStrategy(self.hop_seed, positions) if self.strategy == "hop"
+                               else SyncStrategy())
+        """How the fits meet the data (:mod:`sparkdl.engine.strategies`)."""
         if not self.fits:
             raise InvalidArgumentError("FitSet needs at least one DistriOptimizer; got none.")
         self.specs: list[Fit] = []
@@ -182,10 +185,6 @@ class FitSet:
         """The data sets held for the tasks (shards built), over all passes."""
         self.finished: set[int] = set()
         """The fits that reached their end trigger."""
-
-    def _strategy(self, hop: bool) -> Strategy:
-        """The strategy that trains this set's passes."""
-        return HopStrategy(self.hop_seed, self.hop_positions) if hop else SyncStrategy()
 
     def groups(self) -> list[list[int]]:
         """The fits' positions, by pass: fits that can share one, in order of first appearance
@@ -244,8 +243,7 @@ class FitSet:
         for group in self.groups():
             while group:          # fits that met a directory held by a fit of the pass: later
                 self.passes.append(group)
-                group = (self._run_hop(group, keep_going) if self.strategy == "hop" else
-                         self._run_pass(group, keep_going))
+                group = self._train_group(group, keep_going)
         if self.errors:
             first = min(self.errors)
             if len(self.fits) > 1:
@@ -254,22 +252,12 @@ class FitSet:
             raise self.errors[first]
         return [fit.model for fit in self.specs]
 
-    def _run_hop(self, group: list[int], keep_going: bool) -> list[int]:
-        """The fits of ``group`` trained by model hopping (:mod:`sparkdl.engine.strategies.hop.jobs`);
-        returns those left for a later pass."""
-        return self._train_group(group, keep_going, hop=True)
-
-    def _run_pass(self, group: list[int], keep_going: bool) -> list[int]:
-        """The fits of ``group`` trained in one pass (:mod:`sparkdl.engine.strategies.sync.pass_jobs`), or one
-        after another on a runner that cannot run passes; returns those left for a later
-        pass."""
-        return self._train_group(group, keep_going, hop=False)
-
-    def _train_group(self, group: list[int], keep_going: bool, hop: bool) -> list[int]:
-        """Prepare every fit of ``group`` on one runner and data held once, drive their loops
-        together, and end each fit whatever happened. Returns the fits left for a later pass:
-        those whose checkpoint directory a fit of this pass holds (one identity: the later
-        one resumes what the earlier wrote)."""
+    def _train_group(self, group: list[int], keep_going: bool) -> list[int]:
+        """Open every fit of ``group`` on one runner and data held once, have the strategy
+        drive them together (or one after another where the runner cannot run them together),
+        and end each fit whatever happened. Returns the fits left for a later pass: those whose
+        checkpoint directory a fit of this pass holds (one identity: the later one resumes what
+        the earlier wrote)."""
         from ..runners import runner_for
 
         first = self.specs[group[0]]
@@ -278,13 +266,13 @@ class FitSet:
                   else runner_for(first.training_rdd, first.exchange_dir))
         loads: dict[tuple[Any, ...], Any] = held.loads if held is not None else {}
         loaded_before = len(loads)
-        if not hop and len(group) > 1 and not shares_passes(runner):
+        strategy = self.plan
+        if len(group) > 1 and not strategy.together(runner):
             log.info("%s runs one fit at a time: the %d fits %s train one after another",
                      type(runner).__name__, len(group), group)
             if held is None:
                 runner.close()
-            return [k for one in group for k in self._run_pass([one], keep_going)]
-        strategy = self._strategy(hop)
+            return [k for one in group for k in self._train_group([one], keep_going)]
         runs: dict[int, FitRun] = {}
         later: list[int] = []
         try:
@@ -304,13 +292,9 @@ class FitSet:
                     log.error("fit %d failed before training: %s: %s", k, type(exc).__name__,
                               exc)
             started = [k for k in group if k in runs]
-            if hop and started:
-                log.info("training %d fits by model hopping over the same shards: %s "
-                         "(rotation positions %s, hop seed %d)", len(started), started,
-                         [self.hop_positions[k] for k in started], self.hop_seed)
-            elif len(started) > 1:
-                log.info("training %d fits in one pass over the same shards: %s",
-                         len(started), started)
+            announced = strategy.announce(started)
+            if announced:
+                log.info("%s", announced)
             driver = strategy.driver([runs[k] for k in started], runner, keep_going)
             try:
                 driver.run()

@@ -13,7 +13,9 @@ in one class:
 3. ``plan(fit, spec, position)``: which samples each of the fit's iterations takes where;
 4. ``resume_key(plan)``: its own settings, which enter the fit's resume key;
 5. ``ships_model(fit)`` and ``describe(fit, plan, how)``: whether the model ships when the fit
-   opens, and the log line that says how it trains;
+   opens, and the log line that says how it trains; ``together(runner)`` and
+   ``announce(fits)``: whether the runner trains several of its fits at once, and the log line
+   for those it does;
 6. ``driver(runs, runner, keep_going)``: a :class:`FitsDriver` that runs the opened fits'
    iterations until each ends, with the strategy's own jobs (an object with ``starting``,
    ``iteration`` and ``jobs``: :class:`Jobs`) on the pass's shared ``runner``.
@@ -66,6 +68,13 @@ class Strategy(OpeningStrategy, Protocol):
     """What it needs, in the user's terms (for the refusal)."""
     instead: str
     """What to do where it cannot run ("" when nothing)."""
+
+    def together(self, runner: Any) -> bool:
+        """Whether ``runner`` can train several of its fits in one sequence of jobs (else
+        they train one after another)."""
+
+    def announce(self, fits: list[int]) -> str | None:
+        """The log line for the set's ``fits`` trained together (None: nothing to say)."""
 
     def driver(self, runs: Sequence[FitRun], runner: Any, keep_going: bool) -> "FitsDriver":
         """The driver that trains the opened ``runs`` on ``runner`` until each fit ends (or

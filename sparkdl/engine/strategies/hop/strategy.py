@@ -38,6 +38,18 @@ class HopStrategy:
         self.seed = seed
         self.positions = list(positions) if positions is not None else None
 
+    def together(self, runner: Any) -> bool:
+        """Hop jobs train every model of the set in one job on any runner that hops."""
+        return True
+
+    def announce(self, fits: list[int]) -> str | None:
+        """The log line for the fits trained together (their positions and the seed)."""
+        if not fits:
+            return None
+        positions = [self.positions[k] if self.positions is not None else k for k in fits]
+        return (f"training {len(fits)} fits by model hopping over the same shards: {fits} "
+                f"(rotation positions {positions}, hop seed {self.seed})")
+
     def check(self, fit: Fit, runner: Any) -> None:
         options = fit.settings.runner_options
         check_hop_settings(OWNER, options.precision, options.device)

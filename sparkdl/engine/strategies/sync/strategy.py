@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ....data.batch_plan import BatchPlan
+from ....runners.fit_view import shares_passes
 from ....runners.interface import GradientRunner
 from ...fit.checks.data_checks import DataSpec
 from ...fit.opening import FitRun
@@ -36,6 +37,15 @@ class SyncStrategy:
     capability = GradientRunner
     needs = "a runner of gradient jobs"
     instead = ""
+
+    def together(self, runner: Any) -> bool:
+        """Whether ``runner`` runs several fits' iterations in one job (a pass)."""
+        return shares_passes(runner)
+
+    def announce(self, fits: list[int]) -> str | None:
+        """The log line for the fits trained together (None for one)."""
+        return (f"training {len(fits)} fits in one pass over the same shards: {fits}"
+                if len(fits) > 1 else None)
 
     def check(self, fit: Fit, runner: Any) -> None:
         """Every setting runs synchronously: nothing to refuse."""
