@@ -150,7 +150,8 @@ def hop_reference(model: nn.Module, optimizer: torch.optim.Optimizer,
                   batch_size: int, seed: int, epochs: int, position: int, hop_seed: int = 0,
                   scheduler: Any = None, shuffle: bool = True,
                   scheduler_per_epoch: bool = False) -> nn.Module:
-    """Plain single-process PyTorch as model hopping defines a model (sparkdl.engine.strategies.hop.jobs):
+    """Plain single-process PyTorch as model hopping defines a model
+    (sparkdl.engine.strategies.hop.jobs):
     the partitions in the model's visiting order, each partition's samples in its epoch order,
     one optimizer step (and, if given, one scheduler step) per batch, or with
     ``scheduler_per_epoch`` one scheduler step per epoch. Trains ``model`` in place and returns

@@ -174,7 +174,8 @@ class _ThreadsSeen(torch.optim.LBFGS):
 
 
 def test_the_drivers_update_is_the_same_bits_whatever_its_thread_count():
-    """The update runs on one thread (sparkdl.engine.fit.optim.update_threads): an LBFGS fit of a 1.5 M
+    """The update runs on one thread (sparkdl.engine.fit.optim.update_threads): an LBFGS fit of
+    a 1.5 M
     value model, whose dot products torch splits by thread, ends bitwise the same whether the
     driver has two threads or one (a run resumed on a driver with other cores), and the
     driver's thread count is what it was after the fit."""

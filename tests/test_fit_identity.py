@@ -22,8 +22,8 @@ from models import SmallNet, bitwise_equal, classification_data
 from sparkdl import CheckpointError, DistriOptimizer, Loss, NNClassifier, NNEstimator
 from sparkdl.adapters import huggingface_step
 from sparkdl import UnidentifiableError
-from sparkdl.engine.fit.resume.fit_identity import (NOT_IN_IDENTITY, PARAMS_NOT_IN_IDENTITY, SETTER_STATE,
-                                         fit_identity, params_identity)
+from sparkdl.engine.fit.resume.fit_identity import (NOT_IN_IDENTITY, PARAMS_NOT_IN_IDENTITY,
+                                                    SETTER_STATE, fit_identity, params_identity)
 from sparkdl.runners import LocalPartitions
 from sparkdl.triggers import EarlyStopping, EveryEpoch, MaxEpoch, MaxIteration, SeveralIteration
 

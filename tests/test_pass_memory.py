@@ -13,8 +13,8 @@ from torch import nn
 
 from models import JobCounter, classification_data, make_rdd
 from sparkdl import DistriOptimizer, FitSet, InvalidArgumentError
-from sparkdl.engine.strategies.sync.pass_memory import (Footprint, budgets, closure_budget, plan_passes,
-                                        spark_bytes)
+from sparkdl.engine.strategies.sync.pass_memory import (Footprint, budgets, closure_budget,
+                                                       plan_passes, spark_bytes)
 from sparkdl.triggers import MaxIteration
 
 SIZES = [30, 34]

@@ -220,8 +220,8 @@ class DistriOptimizer:
         A checkpoint belongs to its fit: it is resumed only by a run with the same identity,
         derived from everything that decides the result (every argument and setter but those
         that cannot change the weights, objects by their content, the data's content hashes:
-        :mod:`sparkdl.engine.fit.resume.fit_identity`; not the end trigger's epoch or iteration count:
-        training longer resumes); any other run gets a
+        :mod:`sparkdl.engine.fit.resume.fit_identity`; not the end trigger's epoch or iteration
+        count: training longer resumes); any other run gets a
         :class:`~sparkdl.errors.CheckpointError` naming what differs. With
         ``by_fit=True`` each fit instead writes to, and resumes from, its own subdirectory
         ``fit-<hash of that key>`` (what the estimators do, so every setting and fold of a tuning
@@ -258,11 +258,11 @@ class DistriOptimizer:
 
     def set_fit_identity(self, name: str) -> "DistriOptimizer":
         """Name this fit for its checkpoints. The identity of a fit is derived from everything
-        that decides its result (:mod:`sparkdl.engine.fit.resume.fit_identity`); an object sparkdl cannot
-        hash deterministically (a function closing over a lock or a session) is refused unless
-        the fit has a name: then ``name`` stands for each whole argument that could not be
-        hashed, and a fit is resumed only by a fit with the same name and the same hashable rest. Give a new name
-        whenever such an object changes what it computes.
+        that decides its result (:mod:`sparkdl.engine.fit.resume.fit_identity`); an object
+        sparkdl cannot hash deterministically (a function closing over a lock or a session) is
+        refused unless the fit has a name: then ``name`` stands for each whole argument that
+        could not be hashed, and a fit is resumed only by a fit with the same name and the same
+        hashable rest. Give a new name whenever such an object changes what it computes.
 
         Example: ``opt.set_fit_identity("two-tower-v3").set_checkpoint(path, EveryEpoch())``.
         """

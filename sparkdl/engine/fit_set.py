@@ -25,8 +25,8 @@ passes of their own, and the log says why. Within a pass each fit keeps its own 
 per fit, by block on the shuffle path; each fit's weights refreshed by its own row deltas).
 Under Spark Connect passes run as DataFrame jobs (:mod:`sparkdl.runners.connect_dataframe`),
 fits with the same ``exchange_dir``. The iterations of a
-pass: :mod:`sparkdl.engine.strategies.sync.pass_jobs`; each fit's view of the pass's runner and data:
-:mod:`sparkdl.runners.fit_view`.
+pass: :mod:`sparkdl.engine.strategies.sync.pass_jobs`; each fit's view of the pass's runner and
+data: :mod:`sparkdl.runners.fit_view`.
 
 Example::
 
@@ -54,15 +54,16 @@ from .fit.spec import Fit, fit_of
 from .strategies.base import Strategy, check_capability
 from .strategies.hop.strategy import HopStrategy
 from .strategies.sync.strategy import SyncStrategy
-from .strategies.sync.pass_memory import (Budget, Footprint, budgets, closure_budget, describe, footprint,
-                          plan_passes)
+from .strategies.sync.pass_memory import (Budget, Footprint, budgets, closure_budget, describe,
+                                          footprint, plan_passes)
 
 __all__ = ["FitSet", "SharedRunner", "pass_key", "STRATEGIES"]
 
 STRATEGIES = ("together", "hop")
 """How a :class:`FitSet` trains its fits: ``"together"`` (the pass: one data-parallel job per
 iteration for all of them, each fit exactly its fit alone) or ``"hop"`` (model hopping: whole
-models trained where the data sits, one job per sub-epoch; :mod:`sparkdl.engine.strategies.hop.jobs`)."""
+models trained where the data sits, one job per sub-epoch;
+:mod:`sparkdl.engine.strategies.hop.jobs`)."""
 
 log = logging.getLogger("sparkdl")
 
@@ -189,8 +190,8 @@ class FitSet:
     def groups(self) -> list[list[int]]:
         """The fits' positions, by pass: fits that can share one, in order of first appearance
         (a fit that cannot share any trains alone), split further where a pass would exceed
-        the memory Spark's settings give it (:mod:`sparkdl.engine.strategies.sync.pass_memory`; a fit that
-        alone exceeds a hard bound is refused here, before any job)."""
+        the memory Spark's settings give it (:mod:`sparkdl.engine.strategies.sync.pass_memory`;
+        a fit that alone exceeds a hard bound is refused here, before any job)."""
         groups: dict[tuple[Any, ...], list[int]] = {}
         footprints: dict[int, Footprint] = {}
         for k, fit in enumerate(self.specs):

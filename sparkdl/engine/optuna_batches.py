@@ -110,7 +110,8 @@ class BatchedStudy:
         together: False trains each batch's trials one after another (the same trials, values
             and, with the median pruner, the same pruning: a way to check, or to bound memory).
         strategy: how a batch trains: ``"together"`` (a pass: each trial's fit exactly its
-            data-parallel fit) or ``"hop"`` (model hopping, :mod:`sparkdl.engine.strategies.hop.jobs`:
+            data-parallel fit) or ``"hop"`` (model hopping,
+            :mod:`sparkdl.engine.strategies.hop.jobs`:
             each trial's model trained whole, partition after partition, in the order of its
             place in the batch; it reports and can be pruned at epoch ends).
 

@@ -2,7 +2,8 @@
 
 The estimator's ``tuningStrategy`` says how: ``"together"`` (the default: passes, each model
 bitwise the one ``fit`` gives for its map) or ``"hop"`` (model hopping,
-:mod:`sparkdl.engine.strategies.hop.jobs`: each model trained whole with sequential SGD, visiting the
+:mod:`sparkdl.engine.strategies.hop.jobs`: each model trained whole with sequential SGD,
+visiting the
 partitions in the order of its map's index).
 
 pyspark's tuners (``CrossValidator``, ``TrainValidationSplit``) call ``fitMultiple(dataset,

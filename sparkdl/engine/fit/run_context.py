@@ -45,8 +45,9 @@ class RunSettings:
     tensorboard_dir: str | None = None
     sample_weights: bool = False
     sub_replicas: int = 1
-    """Sub-replicas per task (:mod:`sparkdl.engine.fit.checks.task_parallelism`), decided at the run's
-    start (the DistriOptimizer's own setting is the user's request, None for automatic)."""
+    """Sub-replicas per task (:mod:`sparkdl.engine.fit.checks.task_parallelism`), decided at
+    the run's start (the DistriOptimizer's own setting is the user's request, None for
+    automatic)."""
 
     def reproducibility_key(self, plan: BatchPlan) -> dict[str, Any]:
         """What a resumed run must share with the checkpointed one to reproduce it bitwise."""
@@ -93,7 +94,8 @@ class RunContext:
     training_step: Any = None
     """The user's training step (:mod:`sparkdl.training_step`), or None for the criterion."""
     fit_key: dict[str, Any] = field(default_factory=dict)
-    """The fit's data, hyperparameters and initial weights (:mod:`sparkdl.engine.fit.resume.fit_identity`)."""
+    """The fit's data, hyperparameters and initial weights
+    (:mod:`sparkdl.engine.fit.resume.fit_identity`)."""
     strategy_key: dict[str, Any] = field(default_factory=dict)
     """The strategy's own settings in the resume key (``{"strategy": ...}`` for a hop; none
     for the plain one): :meth:`sparkdl.engine.strategies.base.Strategy.resume_key`."""

@@ -178,7 +178,8 @@ def _summary_json(summary: TrainingSummary, status: str) -> str:
 class MlflowTracker:
     """Logs one ``optimize`` call to MLflow from a daemon thread (see the module's docstring).
 
-    The loop's :class:`~sparkdl.engine.fit.reports.progress.ProgressReporter` calls :meth:`iteration` and
+    The loop's :class:`~sparkdl.engine.fit.reports.progress.ProgressReporter` calls
+    :meth:`iteration` and
     :meth:`validation` (cheap: the values are appended to a list); ``optimize`` calls
     :meth:`finish` once. ``run_id`` is the run logged to, once the thread has found or created
     it (None before, or when MLflow could not be reached).

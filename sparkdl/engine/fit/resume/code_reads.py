@@ -1,7 +1,7 @@
 """What a function's code reads, as far as its bytecode says (driver side).
 
-:mod:`sparkdl.engine.fit.resume.content_digest` identifies a function by what it computes with. Two facts
-about the values it names keep that identity to what decides its result:
+:mod:`sparkdl.engine.fit.resume.content_digest` identifies a function by what it computes
+with. Two facts about the values it names keep that identity to what decides its result:
 
 * :func:`attribute_reads`: for each global or closure name, the attributes the code reads from
   it, when that is all it does (``args.decay``): the rest of the object (``args.epochs``) does

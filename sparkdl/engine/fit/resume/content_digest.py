@@ -1,7 +1,7 @@
 """A deterministic digest of what a Python object computes with (driver side).
 
-The fit identity (:mod:`sparkdl.engine.fit.resume.fit_identity`) must be the same for the same fit in
-another Python process (a restarted driver) and differ whenever anything that decides the
+The fit identity (:mod:`sparkdl.engine.fit.resume.fit_identity`) must be the same for the same
+fit in another Python process (a restarted driver) and differ whenever anything that decides the
 result differs. So objects are hashed by their content, never by ``id()``, ``hash()`` or a
 ``repr`` holding a memory address:
 
@@ -12,8 +12,8 @@ result differs. So objects are hashed by their content, never by ``id()``, ``has
 * functions: their code (bytecode, constants, names; not file names or line numbers), default
   arguments, closure values and the module-level values they name (functions and classes of
   installed libraries and the standard library by module and name, as their code is fixed by
-  what is installed, :mod:`sparkdl.engine.fit.resume.installed_code`; the attributes the code names of
-  the user's own modules, ``cfg.LR``); a closure or module-level value the code only reads
+  what is installed, :mod:`sparkdl.engine.fit.resume.installed_code`; the attributes the code
+  names of the user's own modules, ``cfg.LR``); a closure or module-level value the code only reads
   attributes from (``args.decay`` of an argparse Namespace) by its class and those attributes;
   a method of a module's hidden global generator (``random.random``, ``numpy.random.rand``)
   by its name, never the generator's state; ``functools.partial`` and bound methods by what
@@ -37,8 +37,8 @@ hashes a battery of kinds in two processes), not on a global generator's state.
 
 What has no such content (a lock, a socket, a Spark session: objects without attributes that
 cannot be pickled either) raises :class:`UnidentifiableError` naming where it was reached; the
-caller decides what an explicit fit identity replaces (:mod:`sparkdl.engine.fit.resume.fit_identity`: the
-whole argument that reached it).
+caller decides what an explicit fit identity replaces
+(:mod:`sparkdl.engine.fit.resume.fit_identity`: the whole argument that reached it).
 
 An object reached twice (a model that a bound-method step also holds, a cycle) is walked once
 and referred to by the order of its first visit after that.

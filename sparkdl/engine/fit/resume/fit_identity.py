@@ -108,8 +108,8 @@ def current_argument(opt: Fit, name: str) -> Any:
         if hasattr(holder, name):
             return getattr(holder, name)
     raise AttributeError(f"DistriOptimizer keeps no value for its argument {name!r}: add it to "
-                         "sparkdl.engine.fit.resume.fit_identity.NOT_IN_IDENTITY with the reason it cannot "
-                         "change the weights, or keep it as an attribute")
+                         "sparkdl.engine.fit.resume.fit_identity.NOT_IN_IDENTITY with the reason "
+                         "it cannot change the weights, or keep it as an attribute")
 
 
 def _optimizer(optimizer: Any, model: Any, named: bool) -> dict[str, Any]:
@@ -132,8 +132,8 @@ def _optimizer(optimizer: Any, model: Any, named: bool) -> dict[str, Any]:
 
 IDENTITY_VERSION = 2
 """Checkpoints whose key lacks it predate identities derived from content: only their data and
-reproducibility settings can be compared (:meth:`sparkdl.engine.fit.resume.checkpointing.Checkpoints.
-restore`)."""
+reproducibility settings can be compared
+(:meth:`sparkdl.engine.fit.resume.checkpointing.Checkpoints.restore`)."""
 
 
 def validation_decides(fit: Fit) -> bool:

@@ -1,7 +1,7 @@
 """Which code is fixed by what is installed, and how it is named (driver side).
 
-The fit identity (:mod:`sparkdl.engine.fit.resume.content_digest`) names code it may trust to be what its
-name says, and hashes the rest by content:
+The fit identity (:mod:`sparkdl.engine.fit.resume.content_digest`) names code it may trust to
+be what its name says, and hashes the rest by content:
 
 * the standard library and built-in modules: by module name (and ``__version__`` where the
   module has one): the interpreter fixes their code;

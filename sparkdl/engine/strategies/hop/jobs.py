@@ -2,9 +2,9 @@
 for all of them (driver side; Cerebro's model hopper parallelism).
 
 An epoch is ``P`` sub-epochs over the ``P`` cached training partitions. In each sub-epoch every
-active fit's model is on one partition (:mod:`sparkdl.engine.strategies.hop.order`); the task of partition
-``i`` trains the models on ``i``, one after another, with plain sequential SGD over its shard
-(:func:`sparkdl.executor.hop_task.train_on_shard`): each model's own batch size, optimizer,
+active fit's model is on one partition (:mod:`sparkdl.engine.strategies.hop.order`); the task of
+partition ``i`` trains the models on ``i``, one after another, with plain sequential SGD over its
+shard (:func:`sparkdl.executor.hop_task.train_on_shard`): each model's own batch size, optimizer,
 per-iteration scheduler, clipping and seed. Only weights and optimizer states travel, at most once
 per sub-epoch: the driver ships each model with its optimizer (a broadcast for the job) and takes
 their new states back into the fit's own objects. So each model equals single-process PyTorch
