@@ -6,7 +6,7 @@
                           [--locality-wait 0] [--slow-partition P] [--encrypt-io]
                           [--scan-local-dir DIR] [--slow-executor WORKER_DIR]
                           [--warm-executors N] [--conf KEY=VALUE ...] [--tables]
-                          [--fault-at-call N]
+                          [--fault-at-call N] [--local-steps H --outer average|nesterov]
 
 Prints the number of executors, the number of finished iterations, and saves the trained
 state_dict. Used by the tests that need a master other than the session's local[2], faults, or a
@@ -117,11 +117,13 @@ class ChangingPartition:
 
 
 def train(sc, iterations=ITERATIONS, criterion=None, checkpoint=None, allreduce="auto",
-          validation=False, sizes=SIZES, during=None, tables=False, changing=None):
+          validation=False, sizes=SIZES, during=None, tables=False, changing=None,
+          local_steps=1, outer=None):
     """``during``: called once with no argument after the third iteration (a scan of the
     executors' disks, for instance). ``tables``: a TablesNet (sparse embedding tables under
     SparseAdam, the head under Adam) on id pairs, without a scheduler. ``changing``:
-    ``(partition, marker)``, that partition changes after its first computation."""
+    ``(partition, marker)``, that partition changes after its first computation.
+    ``local_steps``, ``outer``: local rounds (DistriOptimizer's local_steps, outer_optimizer)."""
     from sparkdl import DistriOptimizer
     from sparkdl.triggers import MaxIteration, SeveralIteration, Trigger
 
@@ -150,7 +152,7 @@ def train(sc, iterations=ITERATIONS, criterion=None, checkpoint=None, allreduce=
                           seed=SEED,
                           lr_scheduler=None if tables else
                           torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.7),
-                          allreduce=allreduce)
+                          allreduce=allreduce, local_steps=local_steps, outer_optimizer=outer)
     if validation:
         from sparkdl import Loss, Top1Accuracy
 
@@ -176,6 +178,9 @@ def main() -> None:
     p.add_argument("--tables", action="store_true",
                    help="train TablesNet (sparse tables, SparseAdam + Adam) on id pairs")
     p.add_argument("--secure", action="store_true")
+    p.add_argument("--local-steps", type=int, default=1, help="local rounds of this many "
+                   "iterations")
+    p.add_argument("--outer", help="the local rounds' outer optimizer")
     p.add_argument("--checkpoint")
     p.add_argument("--iterations", type=int, default=ITERATIONS)
     p.add_argument("--sizes", default=",".join(map(str, SIZES)),
@@ -245,7 +250,7 @@ def main() -> None:
     trained, opt = train(sc, args.iterations, criterion, args.checkpoint, args.allreduce,
                          args.validation, sizes, scan, args.tables,
                          None if args.changing_partition is None else
-                         (args.changing_partition, args.marker))
+                         (args.changing_partition, args.marker), args.local_steps, args.outer)
     print(f"train_seconds={time.perf_counter() - started:.2f}")
     if args.secure:  # inference too: an Arrow UDF over a DataFrame on the secured cluster
         from sparkdl import NNClassifierModel

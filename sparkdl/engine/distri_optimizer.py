@@ -138,6 +138,18 @@ class DistriOptimizer:
             GPUs) one replica with intra-op threads; ``1``: always the latter; ``k``: ``k``
             sub-replicas (an error for a model that cannot). Exact either way
             (:mod:`sparkdl.engine.fit.checks.task_parallelism`).
+        local_steps: H, the iterations of a local round (default 1: synchronous SGD, one
+            job per iteration). Above 1, every partition trains its own copy of ``optimizer``
+            for H iterations on exactly the samples synchronous SGD gives it, then the
+            samples-weighted average delta goes to ``outer_optimizer``: one Spark job, one
+            broadcast and one AllReduce per round instead of per iteration. A round never
+            crosses an epoch's end; triggers are asked at a round's end (docs: local rounds).
+        outer_optimizer: how the averaged delta updates the global weights: ``None`` or
+            ``"average"`` (SGD lr 1.0, plain averaging), ``"nesterov"`` (DiLoCo's SGD lr 0.7,
+            momentum 0.9, Nesterov), or a callable ``params -> torch optimizer``. Given with
+            ``local_steps=1`` it trains in rounds of one iteration.
+        sync_warmup: synchronous iterations before the rounds begin (post-local SGD); each
+            partition's optimizer then starts from the synchronous optimizer's state.
         exchange_dir: for the DataFrame runner that the estimators use under Spark Connect
             (:mod:`sparkdl.runners.connect_dataframe`): where weights above
             :data:`sparkdl.executor.exchange.CLOSURE_MAX_BYTES` travel; unused by RDD runs.
@@ -170,13 +182,16 @@ class DistriOptimizer:
                  sample_weights: bool = False, exchange_dir: str | None = None,
                  training_step: TrainingStep | None = None,
                  validation_step: ValidationStep | None = None,
-                 sub_replicas: int | None = None) -> None:
+                 sub_replicas: int | None = None, local_steps: int = 1,
+                 outer_optimizer: str | Callable[[list[torch.nn.Parameter]],
+                                                 torch.optim.Optimizer] | None = None,
+                 sync_warmup: int = 0) -> None:
         self.fit: Fit = checks.fit_from_arguments(
             model, training_rdd, criterion, optimizer, batch_size, end_trigger, seed,
             lr_scheduler, lr_scheduler_step, micro_batch_size, shuffle, allreduce, num_blocks,
             progress_bar, compression, device, precision, train_transform, sequence_inputs,
             padding_value, collate, sample_weights, exchange_dir, training_step, validation_step,
-            sub_replicas)
+            sub_replicas, local_steps, outer_optimizer, sync_warmup)
         """The fit this facade fills (:class:`~sparkdl.engine.fit.spec.Fit`): its attributes
         (``model``, ``end_trigger``, ``batch_size``, ``summary``, ``iteration``...) read and
         set through the facade too."""

@@ -53,6 +53,7 @@ from .fit.opening import FitRun, end_fit, open_fit
 from .fit.spec import Fit, fit_of
 from .strategies.base import Strategy, check_capability
 from .strategies.hop.strategy import HopStrategy
+from .strategies.rounds.strategy import RoundsStrategy, uses_rounds
 from .strategies.sync.strategy import SyncStrategy
 from .strategies.sync.pass_memory import (Budget, Footprint, budgets, closure_budget, describe,
                                           footprint, plan_passes)
@@ -72,9 +73,10 @@ def pass_key(fit: Any, layout: ParamLayout) -> tuple[Any, ...]:
     """What fits must share to train in one pass (:class:`FitSet`; ``layout``: the fit's model's
     as it is now)."""
     options = fit.settings.runner_options
+    rounds = (fit.local_steps, fit.sync_warmup) if uses_rounds(fit) else None
     return (id(fit.training_rdd), layout.data_dtype.str, layout.numpy_dtype.str,
             tuple(fit.sequence_inputs), options.allreduce, options.num_blocks, options.device,
-            fit.exchange_dir)
+            fit.exchange_dir, rounds)
 
 
 class SharedRunner:
@@ -172,6 +174,13 @@ class FitSet:
                     f"FitSet's fits must be DistriOptimizer objects; fit {k} is "
                     f"{type(fit).__name__}.")
             self.specs.append(spec)
+        if self.strategy == "hop":
+            rounds = [k for k, f in enumerate(self.specs) if uses_rounds(f)]
+            if rounds:
+                raise InvalidArgumentError(
+                    f"FitSet(strategy='hop'): fit {rounds[0]} sets local_steps or an "
+                    "outer_optimizer, which are for data-parallel fits; model hopping trains "
+                    "each model whole with sequential SGD. Use the 'together' strategy.")
         if len({id(f) for f in self.fits}) < len(self.fits):
             raise InvalidArgumentError("FitSet got the same DistriOptimizer twice: a fit trains "
                                        "its model in place, once.")
@@ -201,8 +210,8 @@ class FitSet:
         ordered = sorted(groups.values(), key=lambda g: g[0])
         if len(ordered) > 1:
             log.info("%d fits train in %d passes: %s (fits of one pass share the training data "
-                     "object, parameter dtype, sequence inputs, allreduce, num_blocks and "
-                     "device)", len(self.fits), len(ordered), ordered)
+                     "object, parameter dtype, sequence inputs, allreduce, num_blocks, device "
+                     "and local rounds)", len(self.fits), len(ordered), ordered)
         planned: list[list[int]] = []
         for group in ordered:
             limits = self._budgets(self.specs[group[0]])
@@ -253,6 +262,13 @@ class FitSet:
             raise self.errors[first]
         return [fit.model for fit in self.specs]
 
+    def strategy_of(self, group: list[int]) -> Strategy:
+        """The strategy that trains ``group`` (fits of one pass): the set's, or local rounds
+        for data-parallel fits with ``local_steps`` above 1 or an outer optimizer."""
+        if self.strategy == "together" and uses_rounds(self.specs[group[0]]):
+            return RoundsStrategy()
+        return self.plan
+
     def _train_group(self, group: list[int], keep_going: bool) -> list[int]:
         """Open every fit of ``group`` on one runner and data held once, have the strategy
         drive them together (or one after another where the runner cannot run them together),
@@ -267,7 +283,7 @@ class FitSet:
                   else runner_for(first.training_rdd, first.exchange_dir))
         loads: dict[tuple[Any, ...], Any] = held.loads if held is not None else {}
         loaded_before = len(loads)
-        strategy = self.plan
+        strategy = self.strategy_of(group)
         if len(group) > 1 and not strategy.together(runner):
             log.info("%s runs one fit at a time: the %d fits %s train one after another",
                      type(runner).__name__, len(group), group)

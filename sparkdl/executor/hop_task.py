@@ -50,6 +50,7 @@ from .tasks import task_attempt
 from .step import _chunks, chunk_loss, seed_task, set_task_threads
 
 __all__ = ["HopBundle", "Visit", "HopSpec", "VisitRecord", "HopReport", "HopPartitionResult",
+           "batch_backward",
            "step_epoch_scheduler",
            "HopTask", "train_on_shard"]
 
@@ -136,7 +137,7 @@ class HopPartitionResult:
     missing_shard: bool = False
 
 
-def _batch_backward(replica: Replica, model: torch.nn.Module, shard: Shard,
+def batch_backward(replica: Replica, model: torch.nn.Module, shard: Shard,
                     indices: np.ndarray, spec: HopSpec, partition: int,
                     rng: np.random.Generator | None) -> float | None:
     """Gradients of the batch's loss (in micro-batches when asked) in ``p.grad``; returns the
@@ -253,7 +254,7 @@ def _visit(replica: Replica, model: torch.nn.Module, optimizer: Any, scheduler: 
 
         def closure() -> torch.Tensor:
             optimizer.zero_grad(set_to_none=True)
-            value = _batch_backward(replica, model, shard, indices, spec, partition, rng)
+            value = batch_backward(replica, model, shard, indices, spec, partition, rng)
             if value is not None and clipping is not None:
                 clipping.apply(model)
             evaluated.append(value)
@@ -264,7 +265,7 @@ def _visit(replica: Replica, model: torch.nn.Module, optimizer: Any, scheduler: 
             loss = evaluated[0]
         else:
             optimizer.zero_grad(set_to_none=True)
-            loss = _batch_backward(replica, model, shard, indices, spec, partition, rng)
+            loss = batch_backward(replica, model, shard, indices, spec, partition, rng)
             if loss is not None and math.isfinite(loss):
                 if clipping is not None:
                     clipping.apply(model)

@@ -122,6 +122,11 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
                         "optional optimizer -> torch LR scheduler, stepped after every epoch (a "
                         "Param, so a tuning grid can choose among schedulers; kept in the "
                         "saved stage's objects.pkl, not in its JSON metadata)")
+    outerOptimizer = Param(Params._dummy(), "outerOptimizer",
+                           "with local rounds, how the averaged delta updates the weights: None "
+                           "or 'average' (plain averaging), 'nesterov' (DiLoCo's outer SGD), or "
+                           "a callable params -> torch optimizer (kept in the saved stage's "
+                           "objects.pkl, not in its JSON metadata)")
     fitIdentity = Param(Params._dummy(), "fitIdentity",
                         "a name for this fit's checkpoints that stands for what sparkdl cannot "
                         "hash (a function closing over a lock or a session); \"\": none needed",
@@ -134,7 +139,7 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
                  trainingStep: Any = None, validationStep: Any = None,
                  **params: Any) -> None:
         super().__init__()
-        self._setDefault(lrScheduler=None, fitIdentity="")
+        self._setDefault(lrScheduler=None, fitIdentity="", outerOptimizer=None)
         self._set_objects(model, criterion, preprocess, optimizerFactory, augment, lrScheduler,
                           initialModel, collate, trainingStep, validationStep)
         unknown = sorted(set(params) - {p.name for p in self.params})
@@ -183,6 +188,14 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
     def getLrScheduler(self) -> Any:
         """Gets the value of :py:attr:`lrScheduler` or its default value (None)."""
         return self.getOrDefault("lrScheduler")
+
+    def setOuterOptimizer(self, value: Any) -> "_NNEstimatorBase":
+        """Sets :py:attr:`outerOptimizer` (None, "average", "nesterov" or a callable)."""
+        return self._set(outerOptimizer=value)
+
+    def getOuterOptimizer(self) -> Any:
+        """Gets the value of :py:attr:`outerOptimizer` or its default value (None)."""
+        return self.getOrDefault("outerOptimizer")
 
     def setFitIdentity(self, value: str) -> "_NNEstimatorBase":
         """Sets :py:attr:`fitIdentity`."""
@@ -300,7 +313,10 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
                                  exchange_dir=get("exchangeDir") or None,
                                  training_step=self.training_step,
                                  validation_step=self.validation_step,
-                                 sub_replicas=get("subReplicas") or None)
+                                 sub_replicas=get("subReplicas") or None,
+                                 local_steps=get("localSteps"),
+                                 outer_optimizer=get("outerOptimizer"),
+                                 sync_warmup=get("syncWarmup"))
         engine.fit.needs_prediction = True       # transform reads model(*inputs)
         # the fit identity of its checkpoints: the engine's own, plus every Param and the
         # optimizer factory (preprocess is identified by the data it produces)
@@ -628,7 +644,7 @@ class NNEstimator(_NNEstimatorBase, NNParams):
         **params: any Param: featuresCol, featuresCols, inputCols, labelCol, predictionCol,
             featureShape, batchSize, maxEpoch, learningRate, optimizer, momentum, weightDecay,
             seed, numTrainWorkers, validationIndicatorCol, microBatchSize, subReplicas,
-            inferenceBatchSize,
+            inferenceBatchSize, localSteps, outerOptimizer, syncWarmup,
             checkpointDir, gradientClipNorm, earlyStoppingPatience, restoreBest,
             validationMetrics, device, precision, tensorboardDir, progressBar, mlflowLogging.
 

@@ -17,6 +17,7 @@ from pyspark.ml.param.shared import (HasFeaturesCol, HasLabelCol, HasPredictionC
 from ..argument_checks import argument_error
 from ..errors import InvalidArgumentError
 from ..engine.fit.optim.loss_scaling import PRECISIONS
+from ..engine.fit.optim.outer_optimizer import OUTER_OPTIMIZERS
 from ..engine.fit_set import STRATEGIES
 from ..executor.devices import DEVICES
 from ..spark_compat import HasBatchSize, HasLearningRate, HasMomentum, HasNumTrainWorkers
@@ -95,6 +96,12 @@ _OWN_PARAMS: dict[str, tuple[Any, str]] = {
                        "one job per iteration for all) or 'hop' (model hopping: each model "
                        "trained whole with sequential SGD, partition after partition, one job "
                        "per sub-epoch for all; faster for model selection). fit ignores it"),
+    "localSteps": (TypeConverters.toInt,
+                   "H, the iterations of a local round: every partition trains its own copy "
+                   "of the optimizer for H iterations on its share of the global batches, then "
+                   "one exchange (1: synchronous SGD, one job per iteration)"),
+    "syncWarmup": (TypeConverters.toInt,
+                   "synchronous iterations before the local rounds begin (post-local SGD)"),
     "validationMetrics": (TypeConverters.toListString,
                           "metrics computed on the validation rows every epoch: any of "
                           "'loss', 'accuracy', 'mae' ([]: loss, plus accuracy for classifiers)"),
@@ -117,7 +124,7 @@ class NNParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasBatchSize, HasL
                          checkpointDir="", gradientClipNorm=0.0, earlyStoppingPatience=0,
                          restoreBest=True, validationMetrics=[], sequenceCols=[],
                          paddingValue=0.0, weightCol="", exchangeDir="",
-                         tuningStrategy="together")
+                         tuningStrategy="together", localSteps=1, syncWarmup=0)
 
     def setParams(self, **params: Any) -> "NNParams":
         """Set any Params by name, e.g. ``setParams(batchSize=64, maxEpoch=3)``."""
@@ -174,6 +181,16 @@ def validate_params(stage: Params) -> None:
     for name in ("batchSize", "maxEpoch", "inferenceBatchSize"):
         if stage.hasParam(name) and get(name) <= 0:
             raise _error(name, owner, "a positive int", get(name))
+    if stage.hasParam("localSteps") and get("localSteps") <= 0:
+        raise _error("localSteps", owner, "a positive int (1: synchronous SGD)",
+                     get("localSteps"))
+    if stage.hasParam("syncWarmup") and get("syncWarmup") < 0:
+        raise _error("syncWarmup", owner, "an int >= 0", get("syncWarmup"))
+    if stage.hasParam("outerOptimizer"):
+        outer = get("outerOptimizer")
+        if not (outer is None or callable(outer) or outer in OUTER_OPTIMIZERS):
+            raise _error("outerOptimizer", owner, "None, 'average', 'nesterov' or a callable "
+                         "params -> torch optimizer", outer)
     for name in ("numTrainWorkers", "microBatchSize", "subReplicas"):
         if stage.hasParam(name) and get(name) < 0:
             raise _error(name, owner, "an int >= 0 (0: automatic/off)", get(name))

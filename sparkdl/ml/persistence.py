@@ -112,9 +112,10 @@ class NNStageWriter(_StageWriter):
     def saveImpl(self, path: str) -> None:
         from pyspark import cloudpickle
 
-        # the lrScheduler Param holds a function: it travels in objects.pkl, not in the JSON
+        # the lrScheduler and outerOptimizer Params may hold functions: they travel in
+        # objects.pkl, not in the JSON
         json_params = {p.name: v for p, v in self.instance._paramMap.items()
-                       if p.name != "lrScheduler"}
+                       if p.name not in ("lrScheduler", "outerOptimizer")}
         save_metadata(self.instance, path, self.sparkSession,
                       paramMap=json_params)
         objects = {"model": self.instance.model_spec, "criterion": self.instance.criterion,
@@ -122,6 +123,7 @@ class NNStageWriter(_StageWriter):
                    "optimizer_factory": self.instance.optimizer_factory,
                    "augment": self.instance.augment,
                    "lr_scheduler": self.instance.lr_scheduler,
+                   "outer_optimizer": self.instance.getOuterOptimizer(),
                    "initial_weights": self.instance.initial_weights,
                    "collate": self.instance.collate,
                    "training_step": self.instance.training_step,
@@ -143,6 +145,8 @@ class NNStageReader(_StageReader):
                               objects.get("lr_scheduler"), objects.get("initial_weights"),
                               objects.get("collate"), objects.get("training_step"),
                               objects.get("validation_step"))
+        if objects.get("outer_optimizer") is not None:
+            instance._set(outerOptimizer=objects["outer_optimizer"])
         return instance
 
 

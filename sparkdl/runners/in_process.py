@@ -31,10 +31,12 @@ import torch
 
 from ..data.records import convert_records
 from ..errors import InvalidArgumentError
-from .interface import GradientRunner, HopRunner, PartitionMetrics, RunnerOptions
+from .interface import (GradientRunner, HopRunner, PartitionMetrics, RoundEntry, RoundRunner,
+                        RunnerOptions)
 from ..executor.replicas import Replica, ReplicaSpec
 from ..executor.shard_store import Shard, ShardSummary, summarize_arrays
 from ..executor.hop_task import HopPartitionResult, HopSpec, HopTask
+from ..executor.round_task import RoundTask
 from ..executor.step import StepSpec, compute_gradient, compute_metric_sums
 from ..metrics import ValidationMetric
 from ..transport.allreduce import AllReduceResult, sum_in_order
@@ -111,7 +113,7 @@ class _Fit:
         return self.replicas[sub]
 
 
-class InProcessRunner(GradientRunner, HopRunner):
+class InProcessRunner(GradientRunner, HopRunner, RoundRunner):
     """Runs the loop's jobs in this process (see the module docstring)."""
 
     spark_context = None
@@ -225,6 +227,33 @@ class InProcessRunner(GradientRunner, HopRunner):
         task = HopTask("", bundles, assignments, shards=data.shards)
         with _task_environment():
             return {p: task.compute(p, shard) for p, shard in enumerate(data.shards)}
+
+    def rounds_together(self, data: InProcessData, entries: Sequence[RoundEntry]
+                        ) -> list[AllReduceResult]:
+        """Every fit's round, partition by partition, each fit's deltas summed on its own in
+        partition order (see :meth:`sparkdl.runners.spark_rdd.SparkRddRunner.rounds_together`)."""
+        submitted_at = time.time()
+        fits = [self._fits[entry.fit] for entry in entries]
+        tasks = [RoundTask("", entry.spec, entry.bundle, entry.start, dict(entry.inner))
+                 for entry in entries]
+        reports: list[list[Any]] = [[] for _ in entries]
+        parts: list[list[Any]] = [[] for _ in entries]
+        with _task_environment():
+            for partition in range(data.num_partitions):
+                for k, (fit, task) in enumerate(zip(fits, tasks)):
+                    vector, report = task.compute(partition, data.shards[partition])
+                    reports[k].append(report)
+                    parts[k].append((partition, None if vector is None else
+                                     fit.codec.encode(vector, 0)))
+        returned_at = time.time()
+        results = []
+        for fit, fit_parts, fit_reports in zip(fits, parts, reports):
+            t0 = time.perf_counter()
+            vector = sum_in_order(fit_parts, fit.codec, 0, fit.layout.size)
+            results.append(AllReduceResult(vector, reduce_s=time.perf_counter() - t0,
+                                           reports=fit_reports, submitted_at=submitted_at,
+                                           returned_at=returned_at))
+        return results
 
     def lost_data_reason(self, exc: BaseException) -> str | None:
         return None       # nothing is held anywhere it could be lost

@@ -11,7 +11,7 @@ tasks' reports), to run a validation job, and to repair lost data. Implementatio
   in this process, summed in the same order: no Spark, bitwise the same result.
 
 What a strategy needs beyond the iteration is a protocol of its own (:class:`GradientRunner`,
-:class:`PassRunner`, :class:`HopRunner`); each runner class names the ones it implements among
+:class:`PassRunner`, :class:`HopRunner`, :class:`RoundRunner`); each runner class names the ones it implements among
 its bases, and a strategy whose protocol a runner lacks is refused before any job.
 
 Every implementation must sum in partition order (0, 1, 2, ...) so that all of them, and any
@@ -41,7 +41,7 @@ from ..transport.flat_layout import ParamLayout
 from ..transport.weight_refresh import StateVersion
 
 __all__ = ["DataHandle", "RunnerOptions", "PartitionMetrics", "IterationRunner", "GradientRunner",
-           "PassRunner", "HopRunner"]
+           "PassRunner", "HopRunner", "RoundEntry", "RoundRunner"]
 
 
 class DataHandle(Protocol):
@@ -168,3 +168,30 @@ class HopRunner(Protocol):
             assignments: dict[int, list[tuple[int, Any]]]) -> dict[int, Any]:
         """One hop job: for each partition with assignments, the task's result (its models'
         reports, whether its shard was missing), by partition."""
+
+
+@dataclass(frozen=True)
+class RoundEntry:
+    """One fit's local round in a round job: the fit's number on the runner, the round's
+    :class:`~sparkdl.executor.round_task.RoundSpec`, the round's state vector (``start``),
+    each partition's pickled inner state (``inner``, by partition) and the fit's pickled
+    bundle (model, optimizer, scheduler, clipping; the same bytes every round of the fit)."""
+
+    fit: int
+    spec: Any
+    start: np.ndarray
+    inner: dict[int, bytes]
+    bundle: bytes
+
+
+@runtime_checkable
+class RoundRunner(Protocol):
+    """What local rounds need (:mod:`sparkdl.engine.strategies.rounds`): a job in which each
+    partition's task trains its own copy of a fit for a round where its shard sits and the
+    weighted deltas are summed in partition order, as a gradient job's vectors."""
+
+    def rounds_together(self, data: DataHandle, entries: Sequence[RoundEntry]
+                        ) -> list[Any]:
+        """One job for every entry's round: each fit's
+        :class:`~sparkdl.transport.allreduce.AllReduceResult` (its reports
+        :class:`~sparkdl.executor.round_task.RoundReport` s)."""

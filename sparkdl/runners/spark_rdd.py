@@ -32,10 +32,12 @@ from ..spark_settings import shard_replicas, spark_setting, speculation_never_fi
 from .cached_rdd import (CachedData, clean_workers, lost_data_reason, memory_kill_reason,
                          shard_place)
 from .held_data import complete_misses, not_found
-from .interface import GradientRunner, HopRunner, PartitionMetrics, RunnerOptions
+from .interface import (GradientRunner, HopRunner, PartitionMetrics, RoundEntry, RoundRunner,
+                        RunnerOptions)
 from ..executor.replicas import ReplicaSpec
 from ..executor.step import StepSpec
 from ..executor.hop_task import HopPartitionResult, HopSpec, HopTask
+from ..executor.round_task import RoundSpec, RoundTask
 from ..executor.tasks import EvaluationTask, GradientTask, PassGradientTask
 from ..metrics import ValidationMetric
 from ..errors import InvalidArgumentError
@@ -53,7 +55,7 @@ __all__ = ["SparkRddRunner"]
 log = logging.getLogger(__name__)
 
 
-class SparkRddRunner(GradientRunner, HopRunner):
+class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
     """RDD + broadcast + AllReduce jobs on ``sc`` (see the module docstring)."""
 
     def __init__(self, sc: Any) -> None:
@@ -69,6 +71,8 @@ class SparkRddRunner(GradientRunner, HopRunner):
         """What the fits' weight refreshes broadcast with: one broadcast per value, or during a
         pass's iteration a :class:`BroadcastBundle` (one broadcast for every fit's values)."""
         self._closed: list[str] = []      # the replicas' keys of fits closed before the runner
+        self._bundles: dict[int, Any] = {}
+        """Each fit's round bundle (model, optimizer, scheduler, clipping), broadcast once."""
 
     def _flag(self, key: str, default: bool) -> bool:
         """A boolean setting: the thread's local property (``sc.setLocalProperty``), else the
@@ -290,6 +294,49 @@ class SparkRddRunner(GradientRunner, HopRunner):
             bundles_bc.destroy(blocking=False)
         return rows
 
+    def rounds_together(self, data: CachedData, entries: Sequence[RoundEntry]
+                        ) -> list[AllReduceResult]:
+        """One job for a local round of every fit in ``entries``
+        (:mod:`sparkdl.engine.strategies.rounds`): the round's state vector and each
+        partition's inner state broadcast (a task reads only its own), each partition's
+        :class:`~sparkdl.executor.round_task.RoundTask` run where its shard is, and the
+        weighted deltas summed in partition order by the fit's AllReduce (several fits: the
+        pass's), exactly as a gradient job's vectors."""
+        assert data.index_rdd is not None and entries
+        t0 = time.perf_counter()
+        sc = self.spark_context
+        live = live_runs()
+        tasks, held = [], []
+        for entry in entries:
+            if entry.fit not in self._bundles:
+                self._bundles[entry.fit] = sc.broadcast(entry.bundle)
+            start = sc.broadcast(entry.start)
+            inner = {p: sc.broadcast(state) for p, state in entry.inner.items()}
+            held += [start] + list(inner.values())
+            tasks.append(RoundTask(data.data_key, entry.spec, self._bundles[entry.fit], start,
+                                   inner, live=live))
+        try:
+            broadcast_s = time.perf_counter() - t0
+            fits = [self._fits[entry.fit] for entry in entries]
+            if len(entries) == 1:
+                task: Any = tasks[0]
+                allreduce = fits[0].allreduce
+            else:
+                sizes = [fit.layout.size for fit in fits]
+                task = PassGradientTask(data.data_key, tasks, sizes,
+                                        fits[0].layout.numpy_dtype.str, live=live)
+                allreduce = self._pass_allreduce([entry.fit for entry in entries], sizes, data)
+            result = allreduce.run(data.iteration_rdd(), task, self._resources)
+            result = complete_misses(
+                result, lambda missing: data.fill(missing, task, self._resources),
+                allreduce.complete, data.num_partitions)
+            data.after_iteration(result.reports)
+            result.broadcast_s = broadcast_s
+            return [result] if len(entries) == 1 else split_pass_result(result, sizes)
+        finally:
+            for value in held:
+                value.destroy(blocking=False)
+
     def lost_data_reason(self, exc: BaseException) -> str | None:
         return lost_data_reason(exc)
 
@@ -302,6 +349,9 @@ class SparkRddRunner(GradientRunner, HopRunner):
     def close_fit(self, fit: int) -> None:
         """Release one fit's broadcasts and replicas (its data stays with the runner; the
         workers' cleanup job runs once, in :meth:`close`)."""
+        bundle = self._bundles.pop(fit, None)
+        if bundle is not None:
+            bundle.destroy(blocking=False)
         one = self._fits.pop(fit, None)
         if one is None:
             return
@@ -312,7 +362,9 @@ class SparkRddRunner(GradientRunner, HopRunner):
 
     def close(self) -> None:
         fits = list(self._fits.values())
-        self._fits, self._passes = {}, {}
+        for bundle in self._bundles.values():
+            bundle.destroy(blocking=False)
+        self._fits, self._passes, self._bundles = {}, {}, {}
         for one in fits:
             one.release()
         for data in self._held:

@@ -26,6 +26,7 @@ from ...transport.codecs import COMPRESSIONS
 from ...triggers import MaxEpoch, Trigger
 from .optim.clipping import GradientClipping, check_norm_clipping, check_value_clipping
 from .optim.loss_scaling import PRECISIONS
+from .optim.outer_optimizer import check_outer
 from .optim.optimizer_sequence import as_optimizer, as_scheduler, needs_closure
 from .reports.mlflow_tracking import MlflowSetup, check_mlflow
 from .reports.progress import check_tensorboard
@@ -52,7 +53,9 @@ def fit_from_arguments(model: nn.Module, training_rdd: Any, criterion: Any = Non
                        sequence_inputs: Sequence[int] = (), padding_value: float = 0.0,
                        collate: Any = None, sample_weights: bool = False,
                        exchange_dir: str | None = None, training_step: Any = None,
-                       validation_step: Any = None, sub_replicas: int | None = None) -> Fit:
+                       validation_step: Any = None, sub_replicas: int | None = None,
+                       local_steps: int = 1, outer_optimizer: Any = None,
+                       sync_warmup: int = 0) -> Fit:
     """A :class:`Fit` of :class:`sparkdl.DistriOptimizer`'s arguments, each checked (its
     docstring says what each must be)."""
     model = check_type("model", OWNER, model, nn.Module, "a torch.nn.Module")
@@ -133,9 +136,21 @@ def fit_from_arguments(model: nn.Module, training_rdd: Any, criterion: Any = Non
             f"precision='16-mixed' cannot be used with {type(optimizer).__name__}, whose "
             "step needs a closure (torch's GradScaler does not support closures either); use "
             "precision='bf16-mixed' or '32'.")
-    return Fit(model, training_rdd, criterion, reduction, optimizer, end_trigger, lr_scheduler,
-               settings, train_transform, inputs, padding_value, collate, exchange_dir,
-               sub_replicas, training_step, validation_step)
+    fit = Fit(model, training_rdd, criterion, reduction, optimizer, end_trigger, lr_scheduler,
+              settings, train_transform, inputs, padding_value, collate, exchange_dir,
+              sub_replicas, training_step, validation_step)
+    fit.local_steps = check_positive_int("local_steps", OWNER, local_steps)
+    fit.outer_optimizer = check_outer(OWNER, outer_optimizer)
+    fit.sync_warmup = check_int("sync_warmup", OWNER, sync_warmup)
+    if fit.sync_warmup < 0:
+        raise argument_error("sync_warmup", OWNER, "an int >= 0 (synchronous iterations before "
+                             "the local rounds)", sync_warmup)
+    if fit.sync_warmup and fit.local_steps == 1 and fit.outer_optimizer is None:
+        raise InvalidArgumentError(
+            f"{OWNER}: sync_warmup={fit.sync_warmup} has no effect with local_steps=1 and no "
+            "outer_optimizer (synchronous SGD throughout); set local_steps > 1 for post-local "
+            "SGD, or leave sync_warmup at 0.")
+    return fit
 
 
 def validation_setup(rdd: Any, trigger: Trigger, metrics: Any, batch_size: int) -> Validation:

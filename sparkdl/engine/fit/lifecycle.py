@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -106,24 +106,31 @@ class FitLifecycle:
 
     def finish_iteration(self, state: TrainingState, epoch: int, loss: float,
                          weights: Callable[[], np.ndarray], metric_step: bool,
-                         unit: str = "iterations") -> bool:
+                         unit: str = "iterations",
+                         passed: Sequence[TrainingState] = ()) -> bool:
         """After an iteration's update and record (``state``: where training stands, ``epoch``
         the 0-based epoch it belonged to): validation with ``weights()`` when its trigger
         fires, a metric scheduler's step when ``metric_step``, the end trigger, the weights an
         early stop may restore, checkpoints. True when the end trigger fired (the best
-        weights are then restored)."""
+        weights are then restored). ``passed``: the states of iterations since the last call
+        that the strategy could not stop at (a local round's): a trigger that fires on any of
+        them fires here."""
         ctx = self.ctx
         assert self.reporter is not None
-        if ctx.validation is not None and ctx.validation.trigger(state):
+
+        def fires(trigger: Any) -> bool:
+            return trigger(state) or any(trigger(s) for s in passed)
+
+        if ctx.validation is not None and fires(ctx.validation.trigger):
             validation = ctx.validation.run(ctx, weights(), state)
             self.reporter.validation(validation)
             self.metrics = dict(validation.metrics)
             state = dataclasses.replace(state, metrics=dict(self.metrics), validated=True)
         if metric_step:
             ctx.lr_scheduler.step(self._scheduler_metric(state, epoch, loss))
-        ended = ctx.end_trigger(state)
+        ended = fires(ctx.end_trigger)
         self.remember_best(state)
-        if ctx.checkpoints is not None and ctx.checkpoints.setup.trigger(state):
+        if ctx.checkpoints is not None and fires(ctx.checkpoints.setup.trigger):
             ctx.checkpoints.write(ctx)
         if ended:
             self.restore_best()

@@ -99,6 +99,12 @@ class RunContext:
     strategy_key: dict[str, Any] = field(default_factory=dict)
     """The strategy's own settings in the resume key (``{"strategy": ...}`` for a hop; none
     for the plain one): :meth:`sparkdl.engine.strategies.base.Strategy.resume_key`."""
+    strategy_state: Any = None
+    """The strategy's own state that a checkpoint keeps (an object with ``state_dict()``, set
+    by the strategy's driver; None for strategies whose state is all in the model and
+    optimizer): the local rounds' inner and outer optimizer states."""
+    resumed_strategy_state: dict[str, Any] | None = None
+    """That state as the resumed checkpoint held it, until the strategy's driver takes it."""
     best_states: dict[int, dict[str, Any]] = field(default_factory=dict)
     """Weights kept for early stops with ``restore_best``, by the trigger's position among the
     end trigger's EarlyStopping triggers."""

@@ -40,7 +40,8 @@ ARGUMENTS = ("model", "training_rdd", "criterion", "optimizer", "batch_size", "e
              "seed", "lr_scheduler", "lr_scheduler_step", "micro_batch_size", "shuffle",
              "allreduce", "num_blocks", "progress_bar", "compression", "device", "precision",
              "train_transform", "sequence_inputs", "padding_value", "collate", "sample_weights",
-             "exchange_dir", "training_step", "validation_step", "sub_replicas")
+             "exchange_dir", "training_step", "validation_step", "sub_replicas", "local_steps",
+             "outer_optimizer", "sync_warmup")
 """The arguments of :class:`sparkdl.DistriOptimizer`, in order: each is found on a Fit, its
 ``settings`` or their ``runner_options`` under its own name (the fit identity reads them)."""
 
@@ -68,6 +69,13 @@ class Fit:
         self.exchange_dir, self.sub_replicas = exchange_dir, sub_replicas
         self.training_step, self.validation_step = training_step, validation_step
         self.layout = ParamLayout(model)
+        self.local_steps = 1
+        """H, the iterations of a local round (1: synchronous SGD unless ``outer_optimizer``)."""
+        self.outer_optimizer: Any = None
+        """The local rounds' outer optimizer as given (None, "average", "nesterov", a
+        callable)."""
+        self.sync_warmup = 0
+        """Synchronous iterations before the local rounds begin (post-local SGD)."""
         self.validation: Any = None
         """:class:`sparkdl.engine.fit.validation.Validation`, or None."""
         self.checkpoint_setup: Any = None

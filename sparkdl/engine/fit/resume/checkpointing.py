@@ -133,9 +133,11 @@ class Checkpoints:
                     "data, hyperparameters and initial weights.")
         if "strategy" in state["run"] and "strategy" not in ours:
             raise CheckpointError(
-                f"The checkpoint {name} was written by a fit trained by model hopping "
-                f"({state['run']['strategy']}); this fit trains data-parallel: resuming it would "
-                "not continue this fit. Use another checkpoint directory (or by_fit=True).")
+                f"The checkpoint {name} was written by a fit trained by "
+                + ("local rounds" if "local_steps" in state["run"] else "model hopping")
+                + f" ({state['run']['strategy']}); this fit trains synchronously data-parallel: "
+                "resuming it would not continue this fit. Use another checkpoint directory (or "
+                "by_fit=True).")
         planned = planned_iterations(ctx.end_trigger, ctx.plan.iterations_per_epoch)
         if planned is not None and int(state["iteration"]) > planned:
             raise CheckpointError(
@@ -154,6 +156,7 @@ class Checkpoints:
         ctx.best_states = {int(k): v for k, v in state.get("best_states", {}).items()}
         if ctx.loss_scaler is not None and state.get("loss_scaler") is not None:
             ctx.loss_scaler.load_state_dict(state["loss_scaler"])
+        ctx.resumed_strategy_state = state.get("strategy_state")
         ctx.iteration = int(state["iteration"])
         if "summary" in state:       # written before the summary moved beside the checkpoint
             iterations, validations = (state["summary"]["iterations"],
@@ -212,6 +215,8 @@ class Checkpoints:
             "best_states": {str(k): v for k, v in ctx.best_states.items()},
             "loss_scaler": (ctx.loss_scaler.state_dict() if ctx.loss_scaler is not None
                             else None),
+            "strategy_state": (ctx.strategy_state.state_dict()
+                               if ctx.strategy_state is not None else None),
             # the summary: the records' count and the parts that hold them, in order
             "summary_records": [len(ctx.summary.iterations), len(ctx.summary.validations)],
             "summary_parts": parts,

@@ -51,6 +51,10 @@ NOT_IN_IDENTITY: dict[str, str] = {
     "num_blocks": "the reducers add element by element in partition order whatever the blocks: "
                   "bitwise the same weights (tests/test_allreduce_paths.py)",
     "exchange_dir": "where the Connect runner's weights travel, not what they are",
+    "local_steps": "in the resume key through the local rounds strategy (with the outer "
+                   "optimizer and the warm-up); a synchronous fit has none of them",
+    "outer_optimizer": "in the resume key through the local rounds strategy",
+    "sync_warmup": "in the resume key through the local rounds strategy",
     "set_checkpoint": "where and when checkpoints are written",
     "set_tensorboard": "reporting only",
     "set_mlflow": "reporting only",
@@ -71,6 +75,10 @@ PARAMS_NOT_IN_IDENTITY: dict[str, str] = {
     "progressBar": "display only", "tensorboardDir": "reporting only",
     "mlflowLogging": "reporting only", "checkpointDir": "where checkpoints are written",
     "exchangeDir": "where the Connect runner's weights travel, not what they are",
+    "localSteps": "in the resume key through the local rounds strategy (H, the outer "
+                  "optimizer and the warm-up)",
+    "outerOptimizer": "in the resume key through the local rounds strategy",
+    "syncWarmup": "in the resume key through the local rounds strategy",
     "tuningStrategy": "fit ignores it; a fit of fitMultiple trained by hopping carries its "
                       "strategy, hop seed and position in its resume key",
 }

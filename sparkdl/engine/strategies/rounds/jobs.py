@@ -1,0 +1,336 @@
+"""Local rounds' jobs: H iterations per Spark job for every fit of a pass, each partition's
+optimizer trained where its shard is (driver side).
+
+Each fit is a :class:`RoundMember`. During its synchronous warm-up it is a plain
+:class:`~sparkdl.engine.strategies.sync.step.SyncStep` (one gradient job per iteration, the
+fits of a pass in one job). After it, one job per round (:func:`.schedule.round_end`) trains
+every partition's copy of the user's optimizer over the round's iterations
+(:mod:`sparkdl.executor.round_task`), and the AllReduce sums the weighted deltas in partition
+order; the driver puts the sum into ``p.grad`` of the round's weights, averages the buffers by
+the same weights (:func:`sparkdl.transport.flat_layout.combine_buffers`) and steps the outer
+optimizer.
+
+Where the inner states live: on the driver. Each task gets its partition's optimizer and
+scheduler state in a broadcast of its own (a task reads only its own) and returns the new one
+with its report. So a round's task is a pure function of the round's weights, its inner state
+and its shard: a retried task, a lost executor (the round runs again from the same states) and
+a driver resumed from a checkpoint (which holds every partition's inner state and the outer
+optimizer's) give the same bits, at no extra cost. What it costs: each round moves every
+partition's optimizer state to its task and back (bench/RESULTS.md, local rounds).
+
+The fit's iteration stays the unit of its record: each of a round's iterations gets a record
+(the union of the partitions' shares, its loss the inner steps' mean weighted by rows). Its
+triggers are asked at the round's end: a validation, checkpoint or end trigger that fires on
+any iteration of the round fires there (:meth:`FitLifecycle.finish_iteration`'s ``passed``).
+A metric scheduler (``ReduceLROnPlateau`` per epoch) steps on the driver at the round that
+closes an epoch, and its learning rates go into every partition's optimizer.
+
+Example::
+
+    members = [RoundMember(run.ctx, run.lifecycle, run.spec, settings) for run in runs]
+    FitsDriver(members, RoundsJobs(members), "pass").run()
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import pickle
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from ....errors import SparkdlError, raise_reported
+from ....executor.hop_task import HopBundle
+from ....executor.process_memory import current_rss_bytes
+from ....executor.replicas import ReplicaSpec
+from ....executor.round_task import RoundSpec
+from ....runners.interface import RoundEntry
+from ....transport.allreduce import AllReduceResult
+from ....transport.flat_layout import combine_buffers, summed_presence
+from ....transport.table_rows import gather_rows
+from ....triggers import TrainingState, planned_iterations
+from ...fit.lifecycle import FitLifecycle, stop_not_finite
+from ...fit.optim.optimizer_sequence import needs_closure, scheduler_needs_metric
+from ...fit.optim.update_threads import one_update_thread
+from ...fit.recovery import run_with_recovery
+from ...fit.reports.summary import IterationRecord
+from ...fit.run_context import RunContext
+from ..sync.pass_jobs import PassJobs
+from ..sync.step import SyncStep
+from ...fit.optim.outer_optimizer import outer_optimizer
+from .schedule import in_warmup, round_end
+
+__all__ = ["RoundSettings", "RoundMember", "RoundsJobs", "task_scheduler"]
+
+log = logging.getLogger("sparkdl")
+
+
+@dataclass(frozen=True)
+class RoundSettings:
+    """A fit's local rounds: ``local_steps`` (H), ``outer`` (the outer optimizer as given)
+    and ``warmup`` (synchronous iterations first)."""
+
+    local_steps: int
+    outer: Any
+    warmup: int
+
+
+def task_scheduler(ctx: RunContext) -> str:
+    """When the tasks step each partition's scheduler: ``"iteration"``, ``"epoch"`` (after
+    the iteration that closes an epoch) or ``""`` (none, or a metric scheduler stepped per
+    epoch on the driver)."""
+    if ctx.lr_scheduler is None:
+        return ""
+    if ctx.settings.lr_scheduler_step == "iteration":
+        return "iteration"
+    return "" if scheduler_needs_metric(ctx.lr_scheduler) else "epoch"
+
+
+class RoundMember:
+    """One fit trained in local rounds (see the module docstring)."""
+
+    def __init__(self, ctx: RunContext, lifecycle: FitLifecycle, spec: ReplicaSpec,
+                 settings: RoundSettings) -> None:
+        self.ctx = ctx
+        self.lifecycle = lifecycle
+        self.spec = spec
+        self.settings = settings
+        self.sync = SyncStep(ctx, lifecycle)
+        self.inner: dict[int, bytes] = {}
+        """Each partition's pickled (optimizer, scheduler) state at the next round's start
+        (empty before the first round)."""
+        self.outer: Any = None
+        self._bundle: bytes | None = None
+        self._planned = planned_iterations(ctx.end_trigger, ctx.plan.iterations_per_epoch)
+
+    # ------------------------------------------------------------------ the fit's run
+    def start(self) -> bool:
+        """Before the first job: False when the fit had ended already (a resumed run)."""
+        if not self.sync.start():
+            return False
+        ctx = self.ctx
+        self.outer = outer_optimizer(self.settings.outer, [
+            p for p in ctx.model.parameters() if p.requires_grad])
+        resumed = ctx.resumed_strategy_state
+        if resumed is not None:
+            self.inner = dict(resumed["inner"])
+            if resumed.get("outer") is not None:
+                self.outer.load_state_dict(resumed["outer"])
+            ctx.resumed_strategy_state = None
+        ctx.strategy_state = self
+        return True
+
+    def close(self) -> None:
+        self.sync.close()
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the rounds: every partition's inner state and the outer
+        optimizer's (taken at a round's end)."""
+        return {"inner": dict(self.inner),
+                "outer": self.outer.state_dict() if self.outer is not None else None}
+
+    @property
+    def warming(self) -> bool:
+        """Whether the next iteration is one of the synchronous warm-up's."""
+        return in_warmup(self.ctx.iteration, self.settings.warmup)
+
+    # ------------------------------------------------------------------ a round
+    def request(self) -> RoundEntry:
+        """The next round's entry (its fit number is set by the caller)."""
+        ctx = self.ctx
+        plan = ctx.plan
+        first = ctx.iteration
+        end = round_end(first, plan.iterations_per_epoch, self.settings.local_steps,
+                        self.settings.warmup, self._planned)
+        counts_all = [s.count for s in ctx.train.summaries]
+        if not self.inner:           # the first round: every partition starts from the
+            state = pickle.dumps((ctx.optimizer.state_dict(),     # synchronous optimizer
+                                  ctx.lr_scheduler.state_dict()
+                                  if ctx.lr_scheduler is not None else None),
+                                 protocol=pickle.HIGHEST_PROTOCOL)
+            self.inner = {p: state for p, n in enumerate(counts_all) if n}
+        if self._bundle is None:
+            from pyspark import cloudpickle
+
+            scheduler = task_scheduler(ctx)
+            self._bundle = cloudpickle.dumps(HopBundle(
+                self.spec, ctx.optimizer, ctx.lr_scheduler if scheduler else None,
+                ctx.clipping))
+        iterations = list(range(first, end))
+        epochs, starts, shares, ends = [], [], [], []
+        for t in iterations:
+            epoch, step = plan.epoch_and_step(t)
+            s, c = plan.shares(epoch, step)
+            epochs.append(epoch)
+            starts.append(s)
+            shares.append(c)
+            ends.append(step == plan.iterations_per_epoch - 1)
+        shares_arr = np.stack(shares).astype(np.int64)
+        options = ctx.settings.runner_options
+        scheduler = task_scheduler(ctx)
+        spec = RoundSpec(
+            ctx.settings.seed, ctx.settings.shuffle, tuple(iterations), tuple(epochs),
+            tuple(ends), np.stack(starts).astype(np.int64), shares_arr, shares_arr.sum(0),
+            ctx.settings.micro_batch_size, options.precision, options.device, scheduler,
+            scheduler == "iteration" and scheduler_needs_metric(ctx.lr_scheduler),
+            needs_closure(ctx.optimizer))
+        self._start_vector = ctx.layout.state_vector(ctx.model)
+        self._spec = spec
+        return RoundEntry(-1, spec, self._start_vector, dict(self.inner), self._bundle)
+
+    def job_name(self) -> str:
+        spec = self._spec
+        return (f"round of iterations {spec.iterations[0] + 1}-{spec.iterations[-1] + 1}")
+
+    def complete(self, result: AllReduceResult, job_s: float) -> bool:
+        """The round's result: the outer step, each iteration's record, then validation,
+        checkpoints and the triggers at the round's end. True when the fit ended."""
+        ctx, life, spec = self.ctx, self.lifecycle, self._spec
+        what = self.job_name()
+        raise_reported(result.reports, what)
+        bad = next((r for r in result.reports if getattr(r, "nonfinite", None)), None)
+        if bad is not None:
+            stop_not_finite(ctx, bad.nonfinite, "round starting at iteration")
+        retried = [r.partition for r in result.reports if r.attempt > 0]
+        if retried:
+            log.warning("%s: tasks of partitions %s were retried by Spark; the result is "
+                        "unchanged (each starts from the round's weights and its inner state)",
+                        what, retried)
+        for r in result.reports:
+            if r.inner_state is not None:
+                self.inner[r.partition] = r.inner_state
+        if result.vector is None:
+            raise SparkdlError(f"{what}: no partition trained in the round")
+        t_update = time.perf_counter()
+        with one_update_thread():
+            self._outer_step(result)
+        update_s = time.perf_counter() - t_update
+        return self._finish(result, job_s, update_s)
+
+    def _outer_step(self, result: AllReduceResult) -> None:
+        """The averaged delta into ``p.grad`` of the round's weights (every trainable
+        parameter, dense), the buffers averaged, one outer step."""
+        ctx, spec = self.ctx, self._spec
+        layout = ctx.layout
+        rows = result.rows
+        if layout.tables and rows is None:
+            rows = gather_rows(result.reports, layout.numpy_dtype)
+        present = summed_presence((r.grad_present for r in result.reports),
+                                  len(layout.params))
+        layout.set_grads(ctx.model, result.vector, present, rows)
+        for p in ctx.model.parameters():
+            if not p.requires_grad:
+                continue
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            elif p.grad.is_sparse:
+                p.grad = p.grad.to_dense()
+        total = spec.total
+        changes = [(r.count / total, r.buffers) for r in result.reports if r.count]
+        layout.set_buffers(ctx.model, combine_buffers(layout, self._start_vector, changes))
+        self.outer.step()
+        self.outer.zero_grad(set_to_none=True)
+
+    def _finish(self, result: AllReduceResult, job_s: float, update_s: float) -> bool:
+        ctx, life, spec = self.ctx, self.lifecycle, self._spec
+        per_epoch = ctx.plan.iterations_per_epoch
+        reports = [r for r in result.reports if getattr(r, "loss_sums", None)]
+        lrs = reports[0].lrs if reports and reports[0].lrs else []
+        share = job_s / len(spec.iterations)
+        compute = max((r.compute_s for r in result.reports), default=0.0) / len(spec.iterations)
+        passed: list[TrainingState] = []
+        for j, t in enumerate(spec.iterations):
+            rows = sum(r.rows[j] for r in reports if j < len(r.rows))
+            loss = (math.fsum(r.loss_sums[j] for r in reports if j < len(r.loss_sums)) / rows
+                    if rows else math.nan)
+            epoch = spec.epochs[j]
+            last = j == len(spec.iterations) - 1
+            ctx.iteration = t + 1
+            record = IterationRecord(
+                iteration=t + 1, epoch=epoch + 1, records=rows, loss=loss,
+                learning_rate=float(lrs[j]) if j < len(lrs) else
+                float(ctx.optimizer.param_groups[0]["lr"]),
+                samples_per_s=rows / share if share > 0 else 0.0, wall_s=share,
+                compute_s=compute, reduce_s=result.reduce_s / len(spec.iterations),
+                update_s=update_s if last else 0.0,
+                broadcast_s=result.broadcast_s / len(spec.iterations),
+                other_s=max(0.0, share - compute), driver_rss_bytes=current_rss_bytes(),
+                worker_rss_bytes=max((r.rss_bytes for r in result.reports), default=0))
+            life.record(record)
+            state = TrainingState(t + 1, epoch + int(spec.epoch_ends[j]), spec.epoch_ends[j],
+                                  loss=loss if rows else None, metrics=dict(life.metrics))
+            if not last:
+                passed.append(state)
+                continue
+            metric_step = spec.epoch_ends[j] and life.metric_scheduler and \
+                ctx.settings.lr_scheduler_step == "epoch"
+            ended = life.finish_iteration(state, epoch, loss,
+                                          lambda: ctx.layout.state_vector(ctx.model),
+                                          metric_step, "iterations", passed)
+            if metric_step:
+                self._push_learning_rates()
+            return ended
+        return False
+
+    def _push_learning_rates(self) -> None:
+        """A metric scheduler stepped on the driver: its learning rates into every
+        partition's optimizer state."""
+        lrs = [group["lr"] for group in self.ctx.optimizer.param_groups]
+        for p, state in list(self.inner.items()):
+            optimizer_state, scheduler_state = pickle.loads(state)
+            for group, lr in zip(optimizer_state["param_groups"], lrs):
+                group["lr"] = lr
+            self.inner[p] = pickle.dumps((optimizer_state, scheduler_state),
+                                         protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class RoundsJobs:
+    """The jobs of fits trained in local rounds (see the module docstring): per driver turn,
+    one gradient job for the fits in their warm-up and one round job for the others."""
+
+    def __init__(self, members: Sequence[RoundMember]) -> None:
+        self.members = list(members)
+        self.sync = PassJobs([m.sync for m in self.members])
+        self._rounds = 0
+
+    @property
+    def jobs(self) -> int:
+        return self.sync.jobs + self._rounds
+
+    def starting(self, active: list[int]) -> None:
+        """Nothing to prepare: each round ships its weights and states with its request."""
+
+    def iteration(self, active: list[int]) -> dict[int, Callable[[], bool]]:
+        warm = [k for k in active if self.members[k].warming]
+        rounds = [k for k in active if k not in warm]
+        completions: dict[int, Callable[[], bool]] = {}
+        if warm:
+            completions.update(self.sync.iteration(warm))
+        if rounds:
+            results, job_s = self._round_job(rounds)
+            for k, result in zip(rounds, results):
+                completions[k] = (lambda k=k, result=result:
+                                  self.members[k].complete(result, job_s))
+        return completions
+
+    def _round_job(self, active: list[int]) -> tuple[list[AllReduceResult], float]:
+        t0 = time.perf_counter()
+        self._rounds += 1
+        first = self.members[active[0]]
+        views = [self.members[k].ctx.runner for k in active]
+        runner = views[0].runner
+        entries = []
+        for k, view in zip(active, views):
+            entry = self.members[k].request()
+            entries.append(RoundEntry(view.fit, entry.spec, entry.start, entry.inner,
+                                      entry.bundle))
+        what = (first.job_name() if len(active) == 1 else
+                f"the pass's round job {self._rounds} ({len(active)} fits)")
+        results = run_with_recovery(
+            views[0], first.ctx.train, lambda: runner.rounds_together(first.ctx.train, entries),
+            lambda rs: sorted({p for r in rs for p in r.missing_partitions}), what)
+        return results, time.perf_counter() - t0

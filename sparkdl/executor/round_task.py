@@ -1,0 +1,273 @@
+"""A local round in a task: H inner steps of one partition's own optimizer on its share of H
+global batches, then its weighted delta (executor side; also called in process).
+
+The definition (docs/guide/local-rounds.md; design notes section 8): at the start of a round
+every partition's worker holds the global weights ``w_r``. For each iteration ``t`` of the
+round, worker ``i`` takes exactly the samples synchronous SGD's plan gives partition ``i`` at
+``t`` (:class:`sparkdl.data.batch_plan.BatchPlan`) and makes one step of its own copy of the
+user's optimizer on the mean loss of those samples (clipping on its own gradient; a
+per-iteration scheduler stepped after every iteration, a per-epoch one after the iteration
+that closes an epoch, on its own copy). A worker whose share of an iteration is empty makes no
+step there (its scheduler still steps). At the round's end it returns, through the AllReduce,
+``(n_i / n) * (w_r - w_i)`` (``n_i``: the samples it took in the round, ``n``: all
+partitions'), its changed buffers (averaged by the same weights on the driver), and its
+optimizer's and scheduler's state, which the driver ships back next round.
+
+A round's task is a pure function of the round's global weights, its partition's inner state
+at the round's start and its shard: a retried task, a task on another executor and a resumed
+driver compute the same bits.
+
+:class:`RoundTask` is the job's function (the AllReduce's ``task(partition, summary)``); its
+``step`` has the per-partition sample counts a pass's task asks for.
+
+Example::
+
+    vector, report = RoundTask(data_key, spec, bundle_bc, state_bc, inner_bcs).compute(p, shard)
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..data.batch_plan import task_seed, transform_generator
+from ..errors import SparkdlError, permanent_report
+from .devices import task_device
+from .executor_identity import executor_location
+from .hop_task import HopBundle, batch_backward
+from .live_runs import LiveRuns, evict_finished
+from .process_memory import current_rss_bytes
+from .replicas import Replica, set_training_modes
+from .shard_store import Shard, open_shard
+from .step import TaskReport, seed_task, set_task_threads
+from .tasks import task_attempt
+
+__all__ = ["RoundSpec", "RoundReport", "RoundTask", "train_round", "weighted_delta"]
+
+
+@dataclass(frozen=True)
+class RoundSpec:
+    """One round's instructions to every task (small; in the job's closure).
+
+    ``iterations``, ``epochs`` and ``epoch_ends``: the round's global iterations (0-based),
+    the epoch of each and whether it closes its epoch; ``starts`` and ``shares``: per
+    iteration (rows) and partition (columns), where the partition's share starts in its epoch
+    order and its size (the sync plan's); ``counts``: each partition's samples in the round."""
+
+    seed: int
+    shuffle: bool
+    iterations: tuple[int, ...]
+    epochs: tuple[int, ...]
+    epoch_ends: tuple[bool, ...]
+    starts: np.ndarray
+    shares: np.ndarray
+    counts: np.ndarray
+    micro_batch_size: int | None = None
+    precision: str = "32"
+    device: str = "auto"
+    scheduler: str = ""              # "iteration", "epoch" (stepped here) or "" (none here)
+    scheduler_metric: bool = False   # the per-iteration scheduler's step takes the batch loss
+    closure: bool = False            # the optimizer's step takes a closure (LBFGS)
+    sub_replicas: int = 1            # what a pass's task reads of a step (always one here)
+
+    @property
+    def total(self) -> int:
+        """All partitions' samples in the round."""
+        return int(self.counts.sum())
+
+
+@dataclass
+class RoundReport(TaskReport):
+    """A round task's report: a :class:`~sparkdl.executor.step.TaskReport` (``count``: its
+    samples in the round) with each iteration's loss sum and rows, its optimizer steps, what
+    was not finite, and its inner state after the round (pickled)."""
+
+    loss_sums: list[float] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+    lrs: list[float] = field(default_factory=list)     # the first group's, at each iteration
+    steps: int = 0
+    nonfinite: str | None = None
+    inner_state: bytes | None = None
+
+
+def weighted_delta(model: torch.nn.Module, layout: Any, start: np.ndarray, weight: float
+                   ) -> None:
+    """Put ``weight * (w_start - w)`` into every trainable parameter's ``.grad`` (``start``:
+    the round's state vector): dense, or a sparse tensor of the changed rows for a table
+    built with ``sparse=True``, as the layout's gradient and rows readers take them."""
+    tensors = dict(model.named_parameters())
+    with torch.no_grad():
+        for slot in layout.params:
+            p = tensors[slot.name]
+            before = layout._tensor(start, slot).to(p.device)
+            delta = (before - p.detach()).mul_(weight)
+            if slot.sparse:
+                delta = delta.to_sparse(sparse_dim=1).coalesce()
+            p.grad = delta
+
+
+def _quiet_scheduler_step(scheduler: Any, *args: Any) -> None:
+    """A scheduler's step in a task: torch's warnings about the order of steps do not apply
+    (an unpickled optimizer's step is not wrapped; an empty share makes no step)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Seems like `optimizer.step", UserWarning)
+        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step()`", UserWarning)
+        scheduler.step(*args)
+
+
+def train_round(spec: RoundSpec, partition: int, shard: Shard | None, bundle_bytes: bytes,
+                start: np.ndarray, inner_state: bytes | None, device: str = "cpu"
+                ) -> tuple[np.ndarray | None, RoundReport]:
+    """Partition ``partition``'s round (see the module docstring): the weighted delta vector
+    (None when the partition took no sample) and its report. ``bundle_bytes``: the fit's
+    pickled :class:`~sparkdl.executor.hop_task.HopBundle`; ``start``: the round's state
+    vector; ``inner_state``: the pickled (optimizer, scheduler) state dicts at the round's
+    start (None: the bundle's own)."""
+    report = RoundReport(partition=partition, attempt=task_attempt(), started_at=time.time())
+    count = int(spec.counts[partition])
+    report.count = count
+    if count and shard is None:
+        report.missing_shard = True
+        return None, report
+    t0 = time.perf_counter()
+    bundle: HopBundle = pickle.loads(bundle_bytes)
+    replica = Replica(bundle.spec, device)
+    model, optimizer, scheduler = replica.model, bundle.optimizer, bundle.lr_scheduler
+    layout = replica.layout
+    layout.load_state(model, start)
+    if inner_state is not None:
+        optimizer_state, scheduler_state = pickle.loads(inner_state)
+        optimizer.load_state_dict(optimizer_state)
+        if scheduler is not None and scheduler_state is not None:
+            scheduler.load_state_dict(scheduler_state)
+    set_training_modes(model, replica.train_modes)
+    for j, iteration in enumerate(spec.iterations):
+        rows = int(spec.shares[j, partition])
+        report.lrs.append(float(optimizer.param_groups[0]["lr"]))
+        loss: float | None = None
+        if rows:
+            assert shard is not None
+            loss = _inner_step(spec, j, partition, shard, replica, model, optimizer,
+                               bundle.clipping, device)
+            if loss is not None and not math.isfinite(loss):
+                report.nonfinite = (f"the loss is {loss} at iteration {iteration + 1} on "
+                                    f"partition {partition} (an inner step of the round)")
+                break
+        report.loss_sums.append(0.0 if loss is None else loss * rows)
+        report.rows.append(0 if loss is None else rows)
+        report.steps += int(loss is not None)
+        if scheduler is not None and spec.scheduler == "iteration":
+            _quiet_scheduler_step(scheduler, *((loss if loss is not None else math.nan,)
+                                               if spec.scheduler_metric else ()))
+        if scheduler is not None and spec.scheduler == "epoch" and spec.epoch_ends[j]:
+            _quiet_scheduler_step(scheduler)
+    optimizer.zero_grad(set_to_none=True)
+    if report.nonfinite is None:
+        for name, value in model.state_dict().items():
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                report.nonfinite = (f"the weights {name} have non-finite values after the "
+                                    f"round's inner steps on partition {partition}")
+                break
+    report.rss_bytes = current_rss_bytes()
+    if report.nonfinite is not None:
+        report.compute_s = time.perf_counter() - t0
+        report.finished_at = time.time()
+        return None, report
+    report.inner_state = pickle.dumps(
+        (optimizer.state_dict(), scheduler.state_dict() if scheduler is not None else None),
+        protocol=pickle.HIGHEST_PROTOCOL)
+    vector: np.ndarray | None = None
+    if count:
+        weighted_delta(model, layout, start, count / spec.total)
+        vector, report.grad_present = layout.gradients(model)
+        report.table_rows = layout.table_rows(model) or None
+        report.buffers = layout.changed_buffers(model, start)
+    report.compute_s = time.perf_counter() - t0
+    report.finished_at = time.time()
+    return vector, report
+
+
+def _inner_step(spec: RoundSpec, j: int, partition: int, shard: Shard, replica: Replica,
+                model: torch.nn.Module, optimizer: Any, clipping: Any, device: str
+                ) -> float | None:
+    """One inner step on the partition's share of the round's ``j``-th iteration; its loss
+    (None when no term of the share counts: no step)."""
+    iteration, epoch = spec.iterations[j], spec.epochs[j]
+    seed_task(task_seed(spec.seed, iteration, partition), device)
+    rng = (transform_generator(spec.seed, iteration, partition)
+           if replica.train_transform is not None else None)
+    begin = int(spec.starts[j, partition])
+    indices = shard.permutation(spec.seed, epoch, partition, spec.shuffle)[
+        begin:begin + int(spec.shares[j, partition])]
+    if spec.closure:                     # the optimizer evaluates the share itself (LBFGS)
+        evaluated: list[float | None] = []
+
+        def closure() -> torch.Tensor:
+            optimizer.zero_grad(set_to_none=True)
+            value = batch_backward(replica, model, shard, indices, spec, partition, rng)
+            if value is not None and clipping is not None:
+                clipping.apply(model)
+            evaluated.append(value)
+            return torch.tensor(math.nan if value is None else value, dtype=torch.float64)
+
+        optimizer.step(closure)
+        return evaluated[0]
+    optimizer.zero_grad(set_to_none=True)
+    loss = batch_backward(replica, model, shard, indices, spec, partition, rng)
+    if loss is not None and math.isfinite(loss):
+        if clipping is not None:
+            clipping.apply(model)
+        optimizer.step()
+    return loss
+
+
+@dataclass
+class RoundTask:
+    """A round's map side for the AllReduce: ``(partition, summary) -> (vector or None,
+    RoundReport)``. ``bundle``: a broadcast of the fit's pickled HopBundle (shipped once per
+    fit); ``start``: a broadcast of the round's state vector; ``inner``: by partition, a
+    broadcast of its pickled inner state (each task reads only its own)."""
+
+    data_key: str
+    step: RoundSpec
+    bundle: Any
+    start: Any
+    inner: dict[int, Any]
+    live: LiveRuns | None = None
+
+    def __call__(self, partition: int, summary: Any) -> tuple[np.ndarray | None, RoundReport]:
+        evict_finished(self.live)
+        return self.compute(partition, open_shard(self.data_key, partition)
+                            if int(self.step.counts[partition]) else None)
+
+    def compute(self, partition: int, shard: Any) -> tuple[np.ndarray | None, RoundReport]:
+        """The round on ``shard`` (None: not here, a missing shard when it has samples). A
+        permanent sparkdl error is reported, not raised (as a gradient task's)."""
+        try:
+            set_task_threads()
+            choice = task_device(self.step.device)
+            inner = self.inner.get(partition)
+            vector, report = train_round(
+                self.step, partition, shard, _value(self.bundle), _value(self.start),
+                None if inner is None else _value(inner), choice.device)
+        except SparkdlError as exc:
+            fatal = permanent_report(exc)
+            if fatal is None:
+                raise
+            return None, RoundReport(partition=partition, attempt=task_attempt(), fatal=fatal)
+        report.device = f"{choice.device} ({choice.reason})"
+        report.executor = executor_location()
+        return vector, report
+
+
+def _value(held: Any) -> Any:
+    """A broadcast's value, or the value itself (in process)."""
+    return held.value if hasattr(held, "value") and not isinstance(held, (bytes, np.ndarray)) \
+        else held

@@ -1,0 +1,344 @@
+"""Local rounds (``local_steps``, ``outer_optimizer``, ``sync_warmup``): each run equals its own
+single-process definition (tests/rounds_reference.py, plain torch worker after worker), H = 1
+with plain SGD and plain averaging is synchronous SGD, and the weights are bitwise the clean
+run's through a failed task, a killed executor and a killed driver.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import cluster_job
+from models import (BatchNormNet, SmallNet, bitwise_equal, classification_data,
+                    kill_driver_after_first_checkpoint, make_rdd, max_abs_diff, reference_train)
+from rounds_reference import rounds_reference
+from sparkdl import DistriOptimizer, FitSet, Loss
+from sparkdl.errors import InvalidArgumentError
+from sparkdl.runners import LocalPartitions
+from sparkdl.triggers import EveryEpoch, MaxEpoch, MaxIteration, SeveralIteration
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SIZES = [90, 0, 37, 73]          # uneven, with an empty partition
+BATCH, SEED = 16, 5
+
+
+class ConvBN(nn.Module):
+    """A CNN with BatchNorm (running statistics averaged over the workers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(1, 4, 3, padding=1, bias=False)   # BatchNorm follows
+        self.bn = nn.BatchNorm1d(4)
+        self.out = nn.Linear(24, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.bn(self.conv(x.unsqueeze(1)))).flatten(1))
+
+
+class EmbeddingNet(nn.Module):
+    """Ids into an embedding table (its deltas travel as rows), then a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Embedding(50, 4)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.table(ids).flatten(1))
+
+
+class SequenceNet(nn.Module):
+    """An LSTM over the 6 features read as a sequence of 6 steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(1, 5, batch_first=True)
+        self.out = nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.lstm(x.unsqueeze(-1))[0][:, -1])
+
+
+def _data(kind: str, n: int = sum(SIZES)) -> tuple[np.ndarray, np.ndarray]:
+    x, y = classification_data(n, d=6, seed=1)
+    if kind == "embedding":
+        ids = (np.abs(x[:, :2]) * 17).astype(np.int64) % 50
+        return ids, ((ids[:, 0] + ids[:, 1]) % 3).astype(np.int64)
+    return x, y
+
+
+MODELS = {
+    "mlp-sgd-momentum": (SmallNet, "mlp",
+                         lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)),
+    "cnn-batchnorm-adam": (ConvBN, "mlp", lambda m: torch.optim.Adam(m.parameters(), lr=0.01)),
+    "embedding-adagrad": (EmbeddingNet, "embedding",
+                          lambda m: torch.optim.Adagrad(m.parameters(), lr=0.1)),
+    "lstm-adam": (SequenceNet, "mlp", lambda m: torch.optim.Adam(m.parameters(), lr=0.02)),
+}
+
+
+def _partitions(kind: str, sizes=SIZES):
+    x, y = _data(kind, sum(sizes))
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    return [(x[a:b], y[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _local(parts) -> LocalPartitions:
+    return LocalPartitions([list(zip(x, y)) for x, y in parts])
+
+
+def _fit(model, data, make_optimizer, iterations, **rounds):
+    opt = DistriOptimizer(model, data, nn.CrossEntropyLoss(), make_optimizer(model),
+                          batch_size=BATCH, seed=SEED, end_trigger=MaxIteration(iterations),
+                          progress_bar=False, **rounds)
+    opt.optimize()
+    return opt
+
+
+CASES = [(name, h, outer, warmup) for name in MODELS for h, outer, warmup in
+         [(1, "average", 0), (4, "nesterov", 0), (16, "average", 3)]] + [
+    ("mlp-sgd-momentum", 4, "average", 5), ("mlp-sgd-momentum", 16, "nesterov", 0),
+    ("mlp-sgd-momentum", 1, "nesterov", 2)]
+
+
+@pytest.mark.parametrize("name,local_steps,outer,warmup", CASES)
+def test_rounds_equal_their_single_process_definition(name, local_steps, outer, warmup):
+    """Worker after worker in plain torch (tests/rounds_reference.py), 3 epochs (39
+    iterations: rounds cut at the epochs' ends) on uneven partitions with an empty one."""
+    make_model, kind, make_optimizer = MODELS[name]
+    parts = _partitions(kind)
+    torch.manual_seed(0)
+    net = make_model()
+    iterations = 3 * -(-sum(SIZES) // BATCH)
+    expected = rounds_reference(net, parts, nn.CrossEntropyLoss(), make_optimizer, BATCH, SEED,
+                                iterations, local_steps, outer, warmup)
+    opt = _fit(net, _local(parts), make_optimizer, iterations, local_steps=local_steps,
+               outer_optimizer=outer, sync_warmup=warmup)
+    assert len(opt.summary.iterations) == iterations
+    assert max_abs_diff(net, expected) < 1e-5
+    for a, b in zip(net.state_dict().values(), expected.state_dict().values()):
+        if not a.is_floating_point():          # BatchNorm's num_batches_tracked
+            assert torch.equal(a, b)
+
+
+def test_rounds_with_schedulers_equal_their_definition():
+    """A per-iteration and a per-epoch scheduler, each stepped on every worker's own copy."""
+    parts = _partitions("mlp")
+    for step, make in (("iteration", lambda o: torch.optim.lr_scheduler.LambdaLR(
+            o, lambda t: 0.97 ** t)), ("epoch", lambda o: torch.optim.lr_scheduler.StepLR(
+                o, 1, 0.5))):
+        torch.manual_seed(0)
+        net = SmallNet()
+        make_opt = MODELS["mlp-sgd-momentum"][2]
+        expected = rounds_reference(net, parts, nn.CrossEntropyLoss(), make_opt, BATCH, SEED, 26,
+                                    4, "nesterov", 2, make_scheduler=make, scheduler_step=step)
+        optimizer = make_opt(net)
+        opt = DistriOptimizer(net, _local(parts), nn.CrossEntropyLoss(), optimizer,
+                              batch_size=BATCH, seed=SEED, end_trigger=MaxIteration(26),
+                              progress_bar=False, lr_scheduler=make(optimizer),
+                              lr_scheduler_step=step, local_steps=4, outer_optimizer="nesterov",
+                              sync_warmup=2)
+        opt.optimize()
+        assert max_abs_diff(net, expected) < 1e-5, step
+
+
+def test_one_step_rounds_with_plain_sgd_and_averaging_are_synchronous_sgd():
+    """H = 1, plain SGD inside, plain averaging: synchronous SGD up to float rounding; the
+    default (local_steps=1, no outer optimizer) is synchronous SGD itself."""
+    parts = _partitions("mlp")
+    make_opt = lambda m: torch.optim.SGD(m.parameters(), lr=0.2)  # noqa: E731
+    torch.manual_seed(0)
+    net = SmallNet()
+    rounds_net, sync_net = SmallNet(), SmallNet()
+    rounds_net.load_state_dict(net.state_dict())
+    sync_net.load_state_dict(net.state_dict())
+    _fit(rounds_net, _local(parts), make_opt, 30, local_steps=1, outer_optimizer="average")
+    sync = _fit(sync_net, _local(parts), make_opt, 30)
+    assert FitSet([sync]).strategy_of([0]).name == "together"
+    assert 0 < max_abs_diff(rounds_net, sync_net) < 1e-6 or bitwise_equal(rounds_net, sync_net)
+    x = np.concatenate([p[0] for p in parts])
+    y = np.concatenate([p[1] for p in parts])
+    from sparkdl import BatchPlan
+    expected = reference_train(net, x, y, nn.CrossEntropyLoss(), make_opt,
+                               BatchPlan(SIZES, BATCH, SEED), 30)
+    assert max_abs_diff(sync_net, expected) < 1e-6
+
+
+def test_triggers_that_fall_inside_a_round_fire_at_its_end(tmp_path):
+    """Validation every 5 iterations and checkpoints every 3: both act at the ends of the
+    rounds in which they fall (rounds of 8, cut at the epochs' ends: 0-8, 8-13, 13-21,
+    21-26)."""
+    parts = _partitions("mlp")
+    torch.manual_seed(0)
+    net = SmallNet()
+    opt = DistriOptimizer(net, _local(parts), nn.CrossEntropyLoss(),
+                          MODELS["mlp-sgd-momentum"][2](net), batch_size=BATCH, seed=SEED,
+                          end_trigger=MaxEpoch(2), progress_bar=False, local_steps=8)
+    opt.set_validation(_local(parts[:1]), SeveralIteration(5), [Loss()])
+    opt.set_checkpoint(str(tmp_path), SeveralIteration(3), keep_last=10)
+    opt.optimize()
+    assert [v.iteration for v in opt.summary.validations] == [8, 13, 21, 26]
+    written = sorted(int(f[11:21]) for f in os.listdir(tmp_path) if f.startswith("checkpoint-"))
+    assert written == [8, 13, 21, 26]
+    assert [r.iteration for r in opt.summary.iterations] == list(range(1, 27))
+
+
+def test_rounds_are_refused_where_they_cannot_run():
+    from sparkdl.engine.strategies.base import check_capability
+    from sparkdl.engine.strategies.rounds.strategy import RoundsStrategy
+    from sparkdl.runners.connect_dataframe import ConnectDataFrameRunner
+
+    runner = ConnectDataFrameRunner.__new__(ConnectDataFrameRunner)
+    with pytest.raises(InvalidArgumentError, match="Spark Connect runs synchronous SGD only"):
+        check_capability(RoundsStrategy(), runner)
+    net = SmallNet()
+    data = _local(_partitions("mlp"))
+    with pytest.raises(InvalidArgumentError, match="outer_optimizer must be"):
+        DistriOptimizer(net, data, nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), 0.1),
+                        batch_size=8, outer_optimizer="adam")
+    with pytest.raises(InvalidArgumentError, match="sync_warmup=3 has no effect"):
+        DistriOptimizer(net, data, nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), 0.1),
+                        batch_size=8, sync_warmup=3)
+    with pytest.raises(InvalidArgumentError, match="local_steps"):
+        DistriOptimizer(net, data, nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), 0.1),
+                        batch_size=8, local_steps=0)
+
+
+# ---------------------------------------------------------------------------------- on Spark
+def test_rounds_on_spark_equal_their_definition_and_repeat_bitwise(sc):
+    """local[2]: a pass of two fits with the same H (one job per round for both), each equal to
+    its definition; the same seed again gives the same bits."""
+    parts = _partitions("mlp")
+    x, y = _data("mlp")
+    rdd = make_rdd(sc, list(zip(x, y)), SIZES)
+    make_opt = MODELS["mlp-sgd-momentum"][2]
+    torch.manual_seed(0)
+    init = SmallNet()
+    runs = []
+    for _ in range(2):
+        nets = [SmallNet(), SmallNet()]
+        for n in nets:
+            n.load_state_dict(init.state_dict())
+        fits = [DistriOptimizer(n, rdd, nn.CrossEntropyLoss(), make_opt(n), batch_size=BATCH,
+                                seed=SEED, end_trigger=MaxEpoch(2), progress_bar=False,
+                                local_steps=4, outer_optimizer=outer)
+                for n, outer in zip(nets, ["nesterov", "average"])]
+        fit_set = FitSet(fits)
+        fit_set.run()
+        assert fit_set.passes == [[0, 1]]
+        assert fit_set.jobs == 8            # 2 epochs of 13 iterations: rounds 4+4+4+1
+        runs.append(nets)
+    for n, outer in zip(runs[0], ["nesterov", "average"]):
+        expected = rounds_reference(init, parts, nn.CrossEntropyLoss(), make_opt, BATCH, SEED,
+                                    26, 4, outer)
+        assert max_abs_diff(n, expected) < 1e-5
+    assert all(bitwise_equal(a, b) for a, b in zip(*runs))
+
+
+@pytest.fixture(scope="module")
+def clean_rounds(sc):
+    trained, _ = cluster_job.train(sc, local_steps=4, outer="nesterov")
+    return trained
+
+
+def _job(tmp_path, master, *extra):
+    out = tmp_path / "weights.pt"
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "cluster_job.py"), master,
+                           str(out), "--local-steps", "4", "--outer", "nesterov", *extra],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    model = SmallNet()
+    model.load_state_dict(torch.load(out, weights_only=True))
+    return model, proc
+
+
+def test_a_task_failed_mid_round_gives_the_clean_runs_bits(clean_rounds, tmp_path):
+    marker = tmp_path / "fault"
+    model, proc = _job(tmp_path, "local[2,4]", "--fault", "task", "--marker", str(marker))
+    assert marker.exists(), "no task failed"
+    assert "were retried by Spark" in proc.stderr
+    assert bitwise_equal(model, clean_rounds)
+
+
+@pytest.mark.cluster
+def test_an_executor_killed_mid_round_gives_the_clean_runs_bits(clean_rounds, tmp_path):
+    marker = tmp_path / "fault"
+    model, proc = _job(tmp_path, "local-cluster[2,1,1024]", "--fault", "executor", "--marker",
+                       str(marker))
+    assert marker.exists(), "no executor was killed"
+    assert "executors=2" in proc.stdout
+    assert bitwise_equal(model, clean_rounds)
+
+
+@pytest.mark.cluster
+def test_a_killed_driver_resumes_its_rounds_bitwise(sc, tmp_path):
+    """Checkpoints every 2 iterations fire at the rounds' ends (4, 6, 10, ...); a driver
+    SIGKILLed after the first resumes every partition's optimizer state and the outer one."""
+    ckpt, out = tmp_path / "ckpt", tmp_path / "weights.pt"
+    cmd = [sys.executable, os.path.join(HERE, "cluster_job.py"), "local[2]", str(out),
+           "--checkpoint", str(ckpt), "--iterations", "24", "--local-steps", "4", "--outer",
+           "nesterov"]
+    kill_driver_after_first_checkpoint(cmd, ckpt)
+    assert not out.exists()
+    survivors = sorted(int(f[11:21]) for f in os.listdir(ckpt) if f.startswith("checkpoint-"))
+    assert survivors and survivors[-1] < 24
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert f"resuming from checkpoint {ckpt}/checkpoint-{survivors[-1]:010d}.pt" in second.stderr
+    resumed = SmallNet()
+    resumed.load_state_dict(torch.load(out, weights_only=True))
+    uninterrupted, _ = cluster_job.train(sc, iterations=24, local_steps=4, outer="nesterov")
+    assert bitwise_equal(resumed, uninterrupted)
+
+
+# ---------------------------------------------------------------------------------- estimators
+def test_the_classifier_in_local_rounds_fits_saves_loads_transforms_and_cross_validates(
+        spark, tmp_path):
+    """NNClassifier(localSteps=16, outerOptimizer="nesterov") fits (one job per round), saves
+    and loads (the estimator and its model), transforms; a CrossValidator over localSteps
+    chooses between H = 1 and 16; a callable outer optimizer survives save and load."""
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+    from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
+
+    from df_helpers import mlp4, vector_df
+    from sparkdl import NNClassifier, NNClassifierModel
+
+    df = vector_df(spark, 160)
+    clf = NNClassifier(model=mlp4, criterion=nn.CrossEntropyLoss(), batchSize=16, maxEpoch=2,
+                       learningRate=0.05, optimizer="sgd", momentum=0.9, seed=0,
+                       progressBar=False, numTrainWorkers=2, localSteps=16,
+                       outerOptimizer="nesterov")
+    from models import JobCounter
+
+    with JobCounter(spark.sparkContext) as jobs:
+        model = clf.fit(df)
+    assert model.summary["iterations"].tolist() == [10, 10]     # 2 epochs of 10 iterations
+    assert jobs.count < 20         # one job per round (10 iterations each), not per iteration
+    clf.write().overwrite().save(str(tmp_path / "est"))
+    loaded = NNClassifier.load(str(tmp_path / "est"))
+    assert (loaded.getLocalSteps(), loaded.getOuterOptimizer()) == (16, "nesterov")
+    assert bitwise_equal(loaded.fit(df).module, model.module)
+    model.write().overwrite().save(str(tmp_path / "model"))
+    again = NNClassifierModel.load(str(tmp_path / "model"))
+    assert [r.prediction for r in again.transform(df).collect()] == \
+        [r.prediction for r in model.transform(df).collect()]
+    custom = clf.copy({clf.outerOptimizer: _outer_sgd_half})
+    custom.write().overwrite().save(str(tmp_path / "custom"))
+    assert NNClassifier.load(str(tmp_path / "custom")).getOuterOptimizer()([
+        nn.Parameter(torch.zeros(1))]).defaults["lr"] == 0.5
+    grid = ParamGridBuilder().addGrid(clf.localSteps, [1, 16]).build()
+    cv = CrossValidator(estimator=clf, estimatorParamMaps=grid, numFolds=2, parallelism=1,
+                        evaluator=MulticlassClassificationEvaluator(metricName="accuracy"))
+    cv_model = cv.fit(df)
+    assert len(cv_model.avgMetrics) == 2 and all(0.0 <= m <= 1.0 for m in cv_model.avgMetrics)
+
+
+def _outer_sgd_half(params):
+    return torch.optim.SGD(params, lr=0.5)
