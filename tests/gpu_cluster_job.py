@@ -6,7 +6,8 @@ MODE ``global``: every task asks for a GPU (spark.task.resource.gpu.amount=1); t
 ``device="cuda"`` meets a task-side DeviceError (no CUDA here), which must reach the driver as
 itself after one attempt.
 MODE ``profile``: executors have GPUs but tasks ask for none by default; sparkdl's gradient stage
-asks for one through a task resource profile.
+asks for one through a task resource profile; then a fit in local rounds, whose round stages ask
+the same way (saved to OUT.pt.rounds).
 
 Writes what plain (ETL) tasks saw, which GPU addresses the gradient tasks were given (markers
 written by the criterion) and the engine's log of its device decisions; saves the weights.
@@ -66,6 +67,20 @@ def main() -> None:
                           allreduce="shuffle", progress_bar=False)
     opt.optimize()
     torch.save(net.state_dict(), out_pt)
+    rounds_markers = []
+    if mode == "profile":    # local rounds take the same path to the tasks' devices
+        rounds_dir = os.path.join(markers, "rounds")
+        os.makedirs(rounds_dir)
+        torch.manual_seed(7)
+        rounds_net = SmallNet()
+        DistriOptimizer(rounds_net, make_rdd(sc, list(zip(x, y)), [40, 25, 35]),
+                        AddressRecordingLoss(rounds_dir),
+                        torch.optim.SGD(rounds_net.parameters(), lr=0.1, momentum=0.9),
+                        batch_size=16, end_trigger=MaxIteration(6), seed=5, device="auto",
+                        allreduce="shuffle", progress_bar=False, local_steps=3,
+                        outer_optimizer="nesterov").optimize()
+        torch.save(rounds_net.state_dict(), out_pt + ".rounds")
+        rounds_markers = sorted(os.listdir(rounds_dir))
     cuda = {}
     if mode == "global":   # device="cuda" where CUDA is missing: a task-side DeviceError
         sc.setJobGroup("cuda", "device=cuda without CUDA")
@@ -86,7 +101,8 @@ def main() -> None:
                                    if tracker.getStageInfo(s) is not None)
         cuda["max_failures"] = sc.getConf().get("spark.task.maxFailures", "4")
     with open(out_json, "w") as f:
-        json.dump({"etl": etl_seen, "markers": sorted(os.listdir(markers)),
+        json.dump({"etl": etl_seen, "rounds_markers": rounds_markers,
+                   "markers": sorted(m for m in os.listdir(markers) if m != "rounds"),
                    "log": [m for m in records if "device" in m or "GPU" in m],
                    "cuda": cuda}, f)
     spark.stop()

@@ -131,6 +131,22 @@ def test_tasks_see_their_gpu_addresses_on_a_local_cluster(sc, tmp_path, mode):
     else:
         assert all(a == [] for a in seen["etl"])              # ETL stages hold none
         assert any("task resource profile" in m for m in seen["log"])
+        # local rounds: every round task was given one of the fake GPUs, on both executors,
+        # and (no CUDA here) the weights are those of the same rounds on local[2]
+        rounds_tasks = seen["rounds_markers"]
+        assert rounds_tasks and all(not m.endswith("-none") for m in rounds_tasks)
+        assert len({m.split("-")[1] for m in rounds_tasks}) == 2
+        x, y = classification_data(100, seed=1)
+        torch.manual_seed(7)
+        net = SmallNet()
+        DistriOptimizer(net, make_rdd(sc, list(zip(x, y)), [40, 25, 35]),
+                        torch.nn.CrossEntropyLoss(),
+                        torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
+                        batch_size=16, end_trigger=MaxIteration(6), seed=5, progress_bar=False,
+                        local_steps=3, outer_optimizer="nesterov").optimize()
+        rounds = SmallNet()
+        rounds.load_state_dict(torch.load(str(out_pt) + ".rounds", weights_only=True))
+        assert bitwise_equal(rounds, net)
     # No CUDA here: "auto" falls back to the CPU and says why; the weights are the CPU run's.
     assert any("CUDA is not available" in m for m in seen["log"])
     x, y = classification_data(100, seed=1)

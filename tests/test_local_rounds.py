@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 import cluster_job
-from models import (BatchNormNet, SmallNet, bitwise_equal, classification_data,
-                    kill_driver_after_first_checkpoint, make_rdd, max_abs_diff, reference_train)
+from models import (SmallNet, TablesNet, bitwise_equal, classification_data, id_pairs_data,
+                    kill_driver_after_first_checkpoint, make_rdd, max_abs_diff, reference_train,
+                    tables_optimizer)
 from rounds_reference import rounds_reference
 from sparkdl import DistriOptimizer, FitSet, Loss
 from sparkdl.errors import InvalidArgumentError
@@ -68,6 +69,8 @@ class SequenceNet(nn.Module):
 
 def _data(kind: str, n: int = sum(SIZES)) -> tuple[np.ndarray, np.ndarray]:
     x, y = classification_data(n, d=6, seed=1)
+    if kind == "tables":
+        return id_pairs_data(n, seed=1)
     if kind == "embedding":
         ids = (np.abs(x[:, :2]) * 17).astype(np.int64) % 50
         return ids, ((ids[:, 0] + ids[:, 1]) % 3).astype(np.int64)
@@ -81,6 +84,8 @@ MODELS = {
     "embedding-adagrad": (EmbeddingNet, "embedding",
                           lambda m: torch.optim.Adagrad(m.parameters(), lr=0.1)),
     "lstm-adam": (SequenceNet, "mlp", lambda m: torch.optim.Adam(m.parameters(), lr=0.02)),
+    # sparse=True tables under SparseAdam and the head under Adam (an OptimizerSequence)
+    "sparse-tables": (TablesNet, "tables", tables_optimizer),
 }
 
 
@@ -102,8 +107,9 @@ def _fit(model, data, make_optimizer, iterations, **rounds):
     return opt
 
 
-CASES = [(name, h, outer, warmup) for name in MODELS for h, outer, warmup in
-         [(1, "average", 0), (4, "nesterov", 0), (16, "average", 3)]] + [
+CASES = [(name, h, outer, warmup) for name in MODELS if name != "sparse-tables"
+         for h, outer, warmup in [(1, "average", 0), (4, "nesterov", 0), (16, "average", 3)]] + [
+    ("sparse-tables", 4, "nesterov", 2),
     ("mlp-sgd-momentum", 4, "average", 5), ("mlp-sgd-momentum", 16, "nesterov", 0),
     ("mlp-sgd-momentum", 1, "nesterov", 2)]
 
@@ -188,6 +194,37 @@ def test_triggers_that_fall_inside_a_round_fire_at_its_end(tmp_path):
     written = sorted(int(f[11:21]) for f in os.listdir(tmp_path) if f.startswith("checkpoint-"))
     assert written == [8, 13, 21, 26]
     assert [r.iteration for r in opt.summary.iterations] == list(range(1, 27))
+
+
+def test_the_rounds_settings_are_in_the_resume_key(tmp_path):
+    """A synchronous checkpoint is not resumed by a fit in rounds nor the other way round;
+    H, the outer optimizer (a callable by its content) and the warm-up each give a fit its own
+    subdirectory with by_fit."""
+    from sparkdl.errors import CheckpointError
+
+    parts = _partitions("mlp")
+    make_opt = MODELS["mlp-sgd-momentum"][2]
+
+    def fit(directory, by_fit=False, **rounds):
+        torch.manual_seed(0)
+        net = SmallNet()
+        opt = DistriOptimizer(net, _local(parts), nn.CrossEntropyLoss(), make_opt(net),
+                              batch_size=BATCH, seed=SEED, end_trigger=MaxIteration(8),
+                              progress_bar=False, **rounds)
+        opt.set_checkpoint(str(directory), SeveralIteration(4), by_fit=by_fit)
+        return opt
+
+    fit(tmp_path / "sync").optimize()
+    with pytest.raises(CheckpointError, match="belongs to another fit"):
+        fit(tmp_path / "sync", local_steps=4).optimize()
+    fit(tmp_path / "rounds", local_steps=4).optimize()
+    with pytest.raises(CheckpointError, match="trained by local rounds"):
+        fit(tmp_path / "rounds").optimize()
+    for rounds in ({"local_steps": 4}, {"local_steps": 8}, {"local_steps": 4, "sync_warmup": 2},
+                   {"local_steps": 4, "outer_optimizer": "nesterov"},
+                   {"local_steps": 4, "outer_optimizer": _outer_sgd_half}):
+        fit(tmp_path / "by-fit", True, **rounds).optimize()
+    assert len([d for d in os.listdir(tmp_path / "by-fit") if d.startswith("fit-")]) == 5
 
 
 def test_rounds_are_refused_where_they_cannot_run():
@@ -279,22 +316,23 @@ def test_an_executor_killed_mid_round_gives_the_clean_runs_bits(clean_rounds, tm
 
 @pytest.mark.cluster
 def test_a_killed_driver_resumes_its_rounds_bitwise(sc, tmp_path):
-    """Checkpoints every 2 iterations fire at the rounds' ends (4, 6, 10, ...); a driver
+    """Checkpoints every 2 iterations fire at the rounds' ends (4, 7, 11, 12: rounds of 4 cut
+    at the 7-iteration epochs' ends); a driver
     SIGKILLed after the first resumes every partition's optimizer state and the outer one."""
     ckpt, out = tmp_path / "ckpt", tmp_path / "weights.pt"
     cmd = [sys.executable, os.path.join(HERE, "cluster_job.py"), "local[2]", str(out),
-           "--checkpoint", str(ckpt), "--iterations", "24", "--local-steps", "4", "--outer",
+           "--checkpoint", str(ckpt), "--iterations", "12", "--local-steps", "4", "--outer",
            "nesterov"]
     kill_driver_after_first_checkpoint(cmd, ckpt)
     assert not out.exists()
     survivors = sorted(int(f[11:21]) for f in os.listdir(ckpt) if f.startswith("checkpoint-"))
-    assert survivors and survivors[-1] < 24
+    assert survivors and survivors[-1] < 12
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr[-4000:]
     assert f"resuming from checkpoint {ckpt}/checkpoint-{survivors[-1]:010d}.pt" in second.stderr
     resumed = SmallNet()
     resumed.load_state_dict(torch.load(out, weights_only=True))
-    uninterrupted, _ = cluster_job.train(sc, iterations=24, local_steps=4, outer="nesterov")
+    uninterrupted, _ = cluster_job.train(sc, iterations=12, local_steps=4, outer="nesterov")
     assert bitwise_equal(resumed, uninterrupted)
 
 
@@ -334,7 +372,8 @@ def test_the_classifier_in_local_rounds_fits_saves_loads_transforms_and_cross_va
     assert NNClassifier.load(str(tmp_path / "custom")).getOuterOptimizer()([
         nn.Parameter(torch.zeros(1))]).defaults["lr"] == 0.5
     grid = ParamGridBuilder().addGrid(clf.localSteps, [1, 16]).build()
-    cv = CrossValidator(estimator=clf, estimatorParamMaps=grid, numFolds=2, parallelism=1,
+    cv = CrossValidator(estimator=clf.copy({clf.maxEpoch: 1}), estimatorParamMaps=grid,
+                        numFolds=2, parallelism=1,
                         evaluator=MulticlassClassificationEvaluator(metricName="accuracy"))
     cv_model = cv.fit(df)
     assert len(cv_model.avgMetrics) == 2 and all(0.0 <= m <= 1.0 for m in cv_model.avgMetrics)

@@ -93,6 +93,10 @@ class RoundReport(TaskReport):
     rows: list[int] = field(default_factory=list)
     lrs: list[float] = field(default_factory=list)     # the first group's, at each iteration
     steps: int = 0
+    steps_s: float = 0.0      # the seconds of its inner steps (compute_s less its round's
+    # fixed cost: unpickling the model and its state, the delta, the state pickled back)
+    cpu_s: float = 0.0        # its thread's CPU seconds over compute_s (less than compute_s:
+    # it waited for a core, the JVM's or another task's)
     nonfinite: str | None = None
     inner_state: bytes | None = None
 
@@ -123,7 +127,7 @@ def _quiet_scheduler_step(scheduler: Any, *args: Any) -> None:
 
 
 def train_round(spec: RoundSpec, partition: int, shard: Shard | None, bundle_bytes: bytes,
-                start: np.ndarray, inner_state: bytes | None, device: str = "cpu"
+                start: np.ndarray | bytes, inner_state: bytes | None, device: str = "cpu"
                 ) -> tuple[np.ndarray | None, RoundReport]:
     """Partition ``partition``'s round (see the module docstring): the weighted delta vector
     (None when the partition took no sample) and its report. ``bundle_bytes``: the fit's
@@ -136,7 +140,9 @@ def train_round(spec: RoundSpec, partition: int, shard: Shard | None, bundle_byt
     if count and shard is None:
         report.missing_shard = True
         return None, report
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
+    if isinstance(start, (bytes, bytearray)):       # as a broadcast carries it
+        start = np.frombuffer(start, dtype=np.uint8)
     bundle: HopBundle = pickle.loads(bundle_bytes)
     replica = Replica(bundle.spec, device)
     model, optimizer, scheduler = replica.model, bundle.optimizer, bundle.lr_scheduler
@@ -154,8 +160,10 @@ def train_round(spec: RoundSpec, partition: int, shard: Shard | None, bundle_byt
         loss: float | None = None
         if rows:
             assert shard is not None
+            t_step = time.perf_counter()
             loss = _inner_step(spec, j, partition, shard, replica, model, optimizer,
                                bundle.clipping, device)
+            report.steps_s += time.perf_counter() - t_step
             if loss is not None and not math.isfinite(loss):
                 report.nonfinite = (f"the loss is {loss} at iteration {iteration + 1} on "
                                     f"partition {partition} (an inner step of the round)")
@@ -177,7 +185,7 @@ def train_round(spec: RoundSpec, partition: int, shard: Shard | None, bundle_byt
                 break
     report.rss_bytes = current_rss_bytes()
     if report.nonfinite is not None:
-        report.compute_s = time.perf_counter() - t0
+        report.compute_s, report.cpu_s = time.perf_counter() - t0, time.thread_time() - c0
         report.finished_at = time.time()
         return None, report
     report.inner_state = pickle.dumps(
@@ -189,7 +197,7 @@ def train_round(spec: RoundSpec, partition: int, shard: Shard | None, bundle_byt
         vector, report.grad_present = layout.gradients(model)
         report.table_rows = layout.table_rows(model) or None
         report.buffers = layout.changed_buffers(model, start)
-    report.compute_s = time.perf_counter() - t0
+    report.compute_s, report.cpu_s = time.perf_counter() - t0, time.thread_time() - c0
     report.finished_at = time.time()
     return vector, report
 

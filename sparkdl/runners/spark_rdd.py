@@ -307,11 +307,13 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
         sc = self.spark_context
         live = live_runs()
         tasks, held = [], []
+        broadcast = PythonJobs.of(sc).broadcast
         for entry in entries:
             if entry.fit not in self._bundles:
-                self._bundles[entry.fit] = sc.broadcast(entry.bundle)
-            start = sc.broadcast(entry.start)
-            inner = {p: sc.broadcast(state) for p, state in entry.inner.items()}
+                self._bundles[entry.fit] = broadcast(entry.bundle)
+            # bytes, not arrays: the encrypted broadcast cannot write pickle's array buffers
+            start = broadcast(entry.start.tobytes())
+            inner = {p: broadcast(state) for p, state in entry.inner.items()}
             held += [start] + list(inner.values())
             tasks.append(RoundTask(data.data_key, entry.spec, self._bundles[entry.fit], start,
                                    inner, live=live))

@@ -42,6 +42,7 @@ from urllib.parse import urlparse
 from ....errors import InvalidArgumentError
 from .summary import IterationRecord, TrainingSummary, ValidationRecord
 from ..optim.optimizer_sequence import OptimizerSequence, SchedulerSequence
+from ..optim.outer_optimizer import describe_outer
 
 __all__ = ["MlflowSetup", "MlflowTracker", "check_mlflow", "active_run_id", "engine_params",
            "FLUSH_INTERVAL_S", "FINISH_TIMEOUT_S", "MAX_PENDING", "SUMMARY_ARTIFACT"]
@@ -128,6 +129,11 @@ def engine_params(engine: Any, plan: Any) -> dict[str, Any]:
                          else None),
         "partitions": plan.num_partitions, "samples": plan.num_samples,
         "iterations_per_epoch": plan.iterations_per_epoch}
+    rounds = getattr(plan, "rounds", None)      # local rounds (their plan carries them)
+    if rounds is not None:
+        params.update({"local_steps": rounds.local_steps,
+                       "outer_optimizer": describe_outer(rounds.outer),
+                       "sync_warmup": rounds.warmup})
     for key, value in engine.optimizer.defaults.items():
         if value is None or isinstance(value, (bool, int, float, str, tuple)):
             params[f"optimizer.{key}"] = value
