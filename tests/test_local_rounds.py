@@ -297,8 +297,12 @@ def _job(tmp_path, master, *extra):
 
 
 def test_a_task_failed_mid_round_gives_the_clean_runs_bits(clean_rounds, tmp_path):
+    """With I/O encryption on too (the shards in the workers' memory, pyspark's encrypted
+    broadcasts carrying the rounds' weights and states)."""
     marker = tmp_path / "fault"
-    model, proc = _job(tmp_path, "local[2,4]", "--fault", "task", "--marker", str(marker))
+    model, proc = _job(tmp_path, "local[2,4]", "--fault", "task", "--marker", str(marker),
+                       "--encrypt-io")
+    assert "stay in the Python workers' memory" in proc.stderr
     assert marker.exists(), "no task failed"
     assert "were retried by Spark" in proc.stderr
     assert bitwise_equal(model, clean_rounds)
