@@ -50,7 +50,7 @@ from .tasks import task_attempt
 from .step import _chunks, chunk_loss, seed_task, set_task_threads
 
 __all__ = ["HopBundle", "Visit", "HopSpec", "VisitRecord", "HopReport", "HopPartitionResult",
-           "batch_backward",
+           "batch_backward", "optimizer_step",
            "step_epoch_scheduler",
            "HopTask", "train_on_shard"]
 
@@ -176,6 +176,35 @@ def batch_backward(replica: Replica, model: torch.nn.Module, shard: Shard,
     return total_loss
 
 
+def optimizer_step(replica: Replica, model: torch.nn.Module, optimizer: Any, clipping: Any,
+                   shard: Shard, indices: np.ndarray, spec: Any, partition: int,
+                   rng: np.random.Generator | None) -> float | None:
+    """One step of ``optimizer`` on the batch ``indices`` of the shard, as single-process
+    PyTorch makes it: zero the gradients, the batch's loss backward (:func:`batch_backward`),
+    clipping, ``optimizer.step()`` (with a closure that evaluates the batch when ``spec.closure``:
+    LBFGS). Returns the batch's loss; no step when it is None (no term counts) or not finite."""
+    if spec.closure:                    # the optimizer evaluates the batch itself (LBFGS)
+        evaluated: list[float | None] = []
+
+        def closure() -> torch.Tensor:
+            optimizer.zero_grad(set_to_none=True)
+            value = batch_backward(replica, model, shard, indices, spec, partition, rng)
+            if value is not None and clipping is not None:
+                clipping.apply(model)
+            evaluated.append(value)
+            return torch.tensor(math.nan if value is None else value, dtype=torch.float64)
+
+        optimizer.step(closure)
+        return evaluated[0]
+    optimizer.zero_grad(set_to_none=True)
+    loss = batch_backward(replica, model, shard, indices, spec, partition, rng)
+    if loss is not None and math.isfinite(loss):
+        if clipping is not None:
+            clipping.apply(model)
+        optimizer.step()
+    return loss
+
+
 def _not_finite_weights(model: torch.nn.Module, partition: int) -> str | None:
     """What is not finite in the model's weights after a visit (a gradient with inf or NaN
     values that the batch's loss did not show), or None."""
@@ -250,26 +279,8 @@ def _visit(replica: Replica, model: torch.nn.Module, optimizer: Any, scheduler: 
     order = local_permutation(shard.count, spec.seed, visit.epoch, partition, spec.shuffle)
     for start in range(0, shard.count, spec.batch_size):
         indices = order[start:start + spec.batch_size]
-        evaluated: list[float | None] = []
-
-        def closure() -> torch.Tensor:
-            optimizer.zero_grad(set_to_none=True)
-            value = batch_backward(replica, model, shard, indices, spec, partition, rng)
-            if value is not None and clipping is not None:
-                clipping.apply(model)
-            evaluated.append(value)
-            return torch.tensor(math.nan if value is None else value, dtype=torch.float64)
-
-        if spec.closure:                # the optimizer evaluates the batch itself (LBFGS)
-            optimizer.step(closure)
-            loss = evaluated[0]
-        else:
-            optimizer.zero_grad(set_to_none=True)
-            loss = batch_backward(replica, model, shard, indices, spec, partition, rng)
-            if loss is not None and math.isfinite(loss):
-                if clipping is not None:
-                    clipping.apply(model)
-                optimizer.step()
+        loss = optimizer_step(replica, model, optimizer, clipping, shard, indices, spec,
+                              partition, rng)
         if loss is None:                # no term of the batch counts: no step
             continue
         if not math.isfinite(loss):

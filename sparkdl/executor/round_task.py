@@ -41,7 +41,7 @@ from ..data.batch_plan import task_seed, transform_generator
 from ..errors import SparkdlError, permanent_report
 from .devices import task_device
 from .executor_identity import executor_location
-from .hop_task import HopBundle, batch_backward
+from .hop_task import HopBundle, optimizer_step
 from .live_runs import LiveRuns, evict_finished
 from .process_memory import current_rss_bytes
 from .replicas import Replica, set_training_modes
@@ -214,26 +214,8 @@ def _inner_step(spec: RoundSpec, j: int, partition: int, shard: Shard, replica: 
     begin = int(spec.starts[j, partition])
     indices = shard.permutation(spec.seed, epoch, partition, spec.shuffle)[
         begin:begin + int(spec.shares[j, partition])]
-    if spec.closure:                     # the optimizer evaluates the share itself (LBFGS)
-        evaluated: list[float | None] = []
-
-        def closure() -> torch.Tensor:
-            optimizer.zero_grad(set_to_none=True)
-            value = batch_backward(replica, model, shard, indices, spec, partition, rng)
-            if value is not None and clipping is not None:
-                clipping.apply(model)
-            evaluated.append(value)
-            return torch.tensor(math.nan if value is None else value, dtype=torch.float64)
-
-        optimizer.step(closure)
-        return evaluated[0]
-    optimizer.zero_grad(set_to_none=True)
-    loss = batch_backward(replica, model, shard, indices, spec, partition, rng)
-    if loss is not None and math.isfinite(loss):
-        if clipping is not None:
-            clipping.apply(model)
-        optimizer.step()
-    return loss
+    return optimizer_step(replica, model, optimizer, clipping, shard, indices, spec, partition,
+                          rng)
 
 
 @dataclass

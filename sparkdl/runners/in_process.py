@@ -198,15 +198,7 @@ class InProcessRunner(GradientRunner, HopRunner, RoundRunner):
                                      fit.codec.encode(vector, 0)))
         for fit in fits:
             fit.publisher.settle()
-        returned_at = time.time()
-        results = []
-        for fit, fit_parts, fit_reports in zip(fits, parts, reports):
-            t0 = time.perf_counter()
-            vector = sum_in_order(fit_parts, fit.codec, 0, fit.layout.size)
-            results.append(AllReduceResult(vector, reduce_s=time.perf_counter() - t0,
-                                           reports=fit_reports, submitted_at=submitted_at,
-                                           returned_at=returned_at))
-        return results
+        return _summed(fits, parts, reports, submitted_at)
 
     def evaluate(self, data: InProcessData, weights: np.ndarray,
                  metrics: Sequence[ValidationMetric], batch_size: int, fit: int | None = None
@@ -245,15 +237,7 @@ class InProcessRunner(GradientRunner, HopRunner, RoundRunner):
                     reports[k].append(report)
                     parts[k].append((partition, None if vector is None else
                                      fit.codec.encode(vector, 0)))
-        returned_at = time.time()
-        results = []
-        for fit, fit_parts, fit_reports in zip(fits, parts, reports):
-            t0 = time.perf_counter()
-            vector = sum_in_order(fit_parts, fit.codec, 0, fit.layout.size)
-            results.append(AllReduceResult(vector, reduce_s=time.perf_counter() - t0,
-                                           reports=fit_reports, submitted_at=submitted_at,
-                                           returned_at=returned_at))
-        return results
+        return _summed(fits, parts, reports, submitted_at)
 
     def lost_data_reason(self, exc: BaseException) -> str | None:
         return None       # nothing is held anywhere it could be lost
@@ -273,3 +257,18 @@ class InProcessRunner(GradientRunner, HopRunner, RoundRunner):
     def close(self) -> None:
         for number in list(self._fits):
             self.close_fit(number)
+
+
+def _summed(fits: Sequence[_Fit], parts: list[list[Any]], reports: list[list[Any]],
+            submitted_at: float) -> list[AllReduceResult]:
+    """Each fit's vectors (its ``parts``, by partition) summed on their own, in partition
+    order, with its tasks' ``reports``."""
+    returned_at = time.time()
+    results = []
+    for fit, fit_parts, fit_reports in zip(fits, parts, reports):
+        t0 = time.perf_counter()
+        vector = sum_in_order(fit_parts, fit.codec, 0, fit.layout.size)
+        results.append(AllReduceResult(vector, reduce_s=time.perf_counter() - t0,
+                                       reports=fit_reports, submitted_at=submitted_at,
+                                       returned_at=returned_at))
+    return results

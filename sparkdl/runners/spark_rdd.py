@@ -32,12 +32,12 @@ from ..spark_settings import shard_replicas, spark_setting, speculation_never_fi
 from .cached_rdd import (CachedData, clean_workers, lost_data_reason, memory_kill_reason,
                          shard_place)
 from .held_data import complete_misses, not_found
+from .round_broadcasts import RoundBroadcasts
 from .interface import (GradientRunner, HopRunner, PartitionMetrics, RoundEntry, RoundRunner,
                         RunnerOptions)
 from ..executor.replicas import ReplicaSpec
 from ..executor.step import StepSpec
 from ..executor.hop_task import HopPartitionResult, HopSpec, HopTask
-from ..executor.round_task import RoundSpec, RoundTask
 from ..executor.tasks import EvaluationTask, GradientTask, PassGradientTask
 from ..metrics import ValidationMetric
 from ..errors import InvalidArgumentError
@@ -71,8 +71,7 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
         """What the fits' weight refreshes broadcast with: one broadcast per value, or during a
         pass's iteration a :class:`BroadcastBundle` (one broadcast for every fit's values)."""
         self._closed: list[str] = []      # the replicas' keys of fits closed before the runner
-        self._bundles: dict[int, Any] = {}
-        """Each fit's round bundle (model, optimizer, scheduler, clipping), broadcast once."""
+        self._rounds = RoundBroadcasts(sc)
 
     def _flag(self, key: str, default: bool) -> bool:
         """A boolean setting: the thread's local property (``sc.setLocalProperty``), else the
@@ -214,24 +213,10 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
         finally:
             self._broadcast = jobs.broadcast
         broadcast_s = time.perf_counter() - t0
-        fits = [self._fits[number] for number, _, _ in entries]
-        if len(entries) == 1:
-            task: Any = tasks[0]
-            allreduce = fits[0].allreduce
-        else:
-            sizes = [fit.layout.size for fit in fits]
-            task = PassGradientTask(data.data_key, tasks, sizes,
-                                    fits[0].layout.numpy_dtype.str, live=live)
-            allreduce = self._pass_allreduce([number for number, _, _ in entries], sizes, data)
-        result = allreduce.run(data.iteration_rdd(), task, self._resources)
-        result = complete_misses(
-            result, lambda missing: data.fill(missing, task, self._resources),
-            allreduce.complete, data.num_partitions)
-        data.after_iteration(result.reports)
-        for fit in fits:
-            fit.publisher.settle()
-        result.broadcast_s = broadcast_s
-        results = [result] if len(entries) == 1 else split_pass_result(result, sizes)
+        results = self._summed([number for number, _, _ in entries], tasks, data, live,
+                               broadcast_s)
+        for number, _, _ in entries:
+            self._fits[number].publisher.settle()
         for (_, step, weights), refresh, one in zip(entries, refreshes, results):
             full = sorted(r.partition for r in one.reports if r.full_read)
             if full and weights.version > refresh.full_version:
@@ -296,48 +281,40 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
 
     def rounds_together(self, data: CachedData, entries: Sequence[RoundEntry]
                         ) -> list[AllReduceResult]:
-        """One job for a local round of every fit in ``entries``
-        (:mod:`sparkdl.engine.strategies.rounds`): the round's state vector and each
-        partition's inner state broadcast (a task reads only its own), each partition's
-        :class:`~sparkdl.executor.round_task.RoundTask` run where its shard is, and the
-        weighted deltas summed in partition order by the fit's AllReduce (several fits: the
-        pass's), exactly as a gradient job's vectors."""
+        """One job for a local round of every fit in ``entries``: each partition's
+        :class:`~sparkdl.executor.round_task.RoundTask` where its shard is
+        (:mod:`.round_broadcasts`: what it is shipped), the deltas summed as a gradient job's."""
         assert data.index_rdd is not None and entries
         t0 = time.perf_counter()
-        sc = self.spark_context
         live = live_runs()
-        tasks, held = [], []
-        broadcast = PythonJobs.of(sc).broadcast
-        for entry in entries:
-            if entry.fit not in self._bundles:
-                self._bundles[entry.fit] = broadcast(entry.bundle)
-            # bytes, not arrays: the encrypted broadcast cannot write pickle's array buffers
-            start = broadcast(entry.start.tobytes())
-            inner = {p: broadcast(state) for p, state in entry.inner.items()}
-            held += [start] + list(inner.values())
-            tasks.append(RoundTask(data.data_key, entry.spec, self._bundles[entry.fit], start,
-                                   inner, live=live))
+        tasks, held = self._rounds.tasks(data.data_key, entries, live)
         try:
-            broadcast_s = time.perf_counter() - t0
-            fits = [self._fits[entry.fit] for entry in entries]
-            if len(entries) == 1:
-                task: Any = tasks[0]
-                allreduce = fits[0].allreduce
-            else:
-                sizes = [fit.layout.size for fit in fits]
-                task = PassGradientTask(data.data_key, tasks, sizes,
-                                        fits[0].layout.numpy_dtype.str, live=live)
-                allreduce = self._pass_allreduce([entry.fit for entry in entries], sizes, data)
-            result = allreduce.run(data.iteration_rdd(), task, self._resources)
-            result = complete_misses(
-                result, lambda missing: data.fill(missing, task, self._resources),
-                allreduce.complete, data.num_partitions)
-            data.after_iteration(result.reports)
-            result.broadcast_s = broadcast_s
-            return [result] if len(entries) == 1 else split_pass_result(result, sizes)
+            return self._summed([entry.fit for entry in entries], tasks, data, live,
+                                time.perf_counter() - t0)
         finally:
-            for value in held:
-                value.destroy(blocking=False)
+            self._rounds.drop(held)
+
+    def _summed(self, numbers: list[int], tasks: list[Any], data: CachedData, live: Any,
+                broadcast_s: float) -> list[AllReduceResult]:
+        """One job of the fits ``numbers``' ``tasks`` (one per fit: a gradient or a round
+        task), their vectors summed in partition order by the fit's AllReduce (several: the
+        pass's), partitions whose shard was missing filled; each fit's result."""
+        fits = [self._fits[number] for number in numbers]
+        if len(fits) == 1:
+            task: Any = tasks[0]
+            allreduce = fits[0].allreduce
+        else:
+            sizes = [fit.layout.size for fit in fits]
+            task = PassGradientTask(data.data_key, tasks, sizes,
+                                    fits[0].layout.numpy_dtype.str, live=live)
+            allreduce = self._pass_allreduce(numbers, sizes, data)
+        result = allreduce.run(data.iteration_rdd(), task, self._resources)
+        result = complete_misses(
+            result, lambda missing: data.fill(missing, task, self._resources),
+            allreduce.complete, data.num_partitions)
+        data.after_iteration(result.reports)
+        result.broadcast_s = broadcast_s
+        return [result] if len(fits) == 1 else split_pass_result(result, sizes)
 
     def lost_data_reason(self, exc: BaseException) -> str | None:
         return lost_data_reason(exc)
@@ -351,9 +328,7 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
     def close_fit(self, fit: int) -> None:
         """Release one fit's broadcasts and replicas (its data stays with the runner; the
         workers' cleanup job runs once, in :meth:`close`)."""
-        bundle = self._bundles.pop(fit, None)
-        if bundle is not None:
-            bundle.destroy(blocking=False)
+        self._rounds.release(fit)
         one = self._fits.pop(fit, None)
         if one is None:
             return
@@ -364,9 +339,8 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
 
     def close(self) -> None:
         fits = list(self._fits.values())
-        for bundle in self._bundles.values():
-            bundle.destroy(blocking=False)
-        self._fits, self._passes, self._bundles = {}, {}, {}
+        self._rounds.close()
+        self._fits, self._passes = {}, {}
         for one in fits:
             one.release()
         for data in self._held:

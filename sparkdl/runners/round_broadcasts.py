@@ -1,0 +1,67 @@
+"""What a local round ships to its tasks on a SparkContext (driver side): each fit's bundle
+(model, optimizer, scheduler, clipping) once, each round's weights and every partition's
+optimizer state in a broadcast of its own, so that a task reads only its partition's
+(:mod:`sparkdl.engine.strategies.rounds`).
+
+Everything is broadcast as bytes: pyspark's encrypted broadcast (``spark.io.encryption.enabled``)
+cannot write the buffers a numpy array pickles into.
+
+Example::
+
+    shipped = RoundBroadcasts(sc)
+    tasks, held = shipped.tasks(data_key, entries, live)
+    try:
+        ...                                  # the round's job
+    finally:
+        shipped.drop(held)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..executor.round_task import RoundTask
+from ..transport.python_jobs import PythonJobs
+
+__all__ = ["RoundBroadcasts"]
+
+
+class RoundBroadcasts:
+    """The rounds' broadcasts of one runner (see the module docstring)."""
+
+    def __init__(self, sc: Any) -> None:
+        self.sc = sc
+        self._bundles: dict[int, Any] = {}
+
+    def tasks(self, data_key: str, entries: Sequence[Any], live: Any
+              ) -> tuple[list[RoundTask], list[Any]]:
+        """Each entry's (:class:`~sparkdl.runners.interface.RoundEntry`) round task, and the
+        broadcasts of this round alone (for :meth:`drop` once the job ended)."""
+        broadcast = PythonJobs.of(self.sc).broadcast
+        tasks, held = [], []
+        for entry in entries:
+            if entry.fit not in self._bundles:
+                self._bundles[entry.fit] = broadcast(entry.bundle)
+            start = broadcast(entry.start.tobytes())
+            inner = {p: broadcast(state) for p, state in entry.inner.items()}
+            held += [start] + list(inner.values())
+            tasks.append(RoundTask(data_key, entry.spec, self._bundles[entry.fit], start,
+                                   inner, live=live))
+        return tasks, held
+
+    @staticmethod
+    def drop(held: list[Any]) -> None:
+        """Destroy one round's broadcasts."""
+        for value in held:
+            value.destroy(blocking=False)
+
+    def release(self, fit: int) -> None:
+        """Destroy one fit's bundle."""
+        bundle = self._bundles.pop(fit, None)
+        if bundle is not None:
+            bundle.destroy(blocking=False)
+
+    def close(self) -> None:
+        """Destroy every fit's bundle."""
+        for fit in list(self._bundles):
+            self.release(fit)
