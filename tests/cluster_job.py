@@ -27,8 +27,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from models import (FaultInjectingLoss, SlowExecutorLoss, SlowPartitionLoss,  # noqa: E402
-                    SmallNet, TablesNet, classification_data, id_pairs_data, make_rdd,
-                    split_sizes, tables_optimizer)
+                    SmallNet, TablesNet, classification_data, id_pairs_data,
+                    kill_driver_after_first_checkpoint, make_rdd, split_sizes,
+                    tables_optimizer)
 
 SIZES = [40, 0, 25, 35]
 BATCH = 16
@@ -163,6 +164,27 @@ def train(sc, iterations=ITERATIONS, criterion=None, checkpoint=None, allreduce=
         opt.set_checkpoint(checkpoint, SeveralIteration(2), keep_last=2)
     trained = opt.optimize()
     return trained, opt
+
+
+def resume_after_a_killed_driver(tmp_path, iterations, *extra):
+    """cluster_job.py on local[2] with checkpoints, SIGKILLed after its first checkpoint, then
+    run again: the second run's process (which resumed from the newest checkpoint the first left)
+    and the SmallNet it saved."""
+    import subprocess
+
+    ckpt, out = tmp_path / "ckpt", tmp_path / "weights.pt"
+    cmd = [sys.executable, os.path.abspath(__file__), "local[2]", str(out),
+           "--checkpoint", str(ckpt), "--iterations", str(iterations), *extra]
+    kill_driver_after_first_checkpoint(cmd, ckpt)
+    assert not out.exists()
+    survivors = sorted(int(f[11:21]) for f in os.listdir(ckpt) if f.startswith("checkpoint-"))
+    assert survivors and survivors[-1] < iterations
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert f"resuming from checkpoint {ckpt}/checkpoint-{survivors[-1]:010d}.pt" in second.stderr
+    resumed = SmallNet()
+    resumed.load_state_dict(torch.load(out, weights_only=True))
+    return second, resumed
 
 
 def main() -> None:

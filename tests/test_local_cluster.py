@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import cluster_job
-from models import SmallNet, TablesNet, bitwise_equal, kill_driver_after_first_checkpoint
+from models import SmallNet, TablesNet, bitwise_equal
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOCAL_CLUSTER = "local-cluster[2,1,1024]"
@@ -171,19 +171,8 @@ def test_no_training_bytes_on_executor_disks_with_io_encryption(clean_run, tmp_p
 def test_killed_driver_resumes_from_its_checkpoint(sc, tmp_path):
     """A driver process is SIGKILLed after a checkpoint; a new one ends bitwise equal to an
     uninterrupted run."""
-    ckpt, out = tmp_path / "ckpt", tmp_path / "weights.pt"
-    cmd = [sys.executable, os.path.join(HERE, "cluster_job.py"), "local[2]", str(out),
-           "--checkpoint", str(ckpt), "--iterations", "24"]
-    kill_driver_after_first_checkpoint(cmd, ckpt)
-    assert not out.exists()
-    survivors = sorted(int(f[11:21]) for f in os.listdir(ckpt) if f.startswith("checkpoint-"))
-    assert survivors and survivors[-1] < 24
-    second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert second.returncode == 0, second.stderr[-4000:]
-    assert f"resuming from checkpoint {ckpt}/checkpoint-{survivors[-1]:010d}.pt" in second.stderr
+    second, resumed = cluster_job.resume_after_a_killed_driver(tmp_path, 24)
     assert "iterations=24" in second.stdout
-    resumed = SmallNet()
-    resumed.load_state_dict(torch.load(out, weights_only=True))
     uninterrupted, _ = cluster_job.train(sc, iterations=24)
     assert bitwise_equal(resumed, uninterrupted)
 

@@ -17,13 +17,13 @@ from torch import nn
 
 import cluster_job
 from models import (SmallNet, TablesNet, bitwise_equal, classification_data, id_pairs_data,
-                    kill_driver_after_first_checkpoint, make_rdd, max_abs_diff, reference_train,
+                    make_rdd, max_abs_diff, reference_train,
                     tables_optimizer)
 from rounds_reference import rounds_reference
 from sparkdl import DistriOptimizer, FitSet, Loss
 from sparkdl.errors import InvalidArgumentError
 from sparkdl.runners import LocalPartitions
-from sparkdl.triggers import EveryEpoch, MaxEpoch, MaxIteration, SeveralIteration
+from sparkdl.triggers import MaxEpoch, MaxIteration, SeveralIteration
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIZES = [90, 0, 37, 73]          # uneven, with an empty partition
@@ -321,21 +321,10 @@ def test_an_executor_killed_mid_round_gives_the_clean_runs_bits(clean_rounds, tm
 @pytest.mark.cluster
 def test_a_killed_driver_resumes_its_rounds_bitwise(sc, tmp_path):
     """Checkpoints every 2 iterations fire at the rounds' ends (4, 7, 11, 12: rounds of 4 cut
-    at the 7-iteration epochs' ends); a driver
-    SIGKILLed after the first resumes every partition's optimizer state and the outer one."""
-    ckpt, out = tmp_path / "ckpt", tmp_path / "weights.pt"
-    cmd = [sys.executable, os.path.join(HERE, "cluster_job.py"), "local[2]", str(out),
-           "--checkpoint", str(ckpt), "--iterations", "12", "--local-steps", "4", "--outer",
-           "nesterov"]
-    kill_driver_after_first_checkpoint(cmd, ckpt)
-    assert not out.exists()
-    survivors = sorted(int(f[11:21]) for f in os.listdir(ckpt) if f.startswith("checkpoint-"))
-    assert survivors and survivors[-1] < 12
-    second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert second.returncode == 0, second.stderr[-4000:]
-    assert f"resuming from checkpoint {ckpt}/checkpoint-{survivors[-1]:010d}.pt" in second.stderr
-    resumed = SmallNet()
-    resumed.load_state_dict(torch.load(out, weights_only=True))
+    at the 7-iteration epochs' ends); a driver SIGKILLed after the first resumes every
+    partition's optimizer state and the outer one."""
+    _, resumed = cluster_job.resume_after_a_killed_driver(tmp_path, 12, "--local-steps", "4",
+                                                          "--outer", "nesterov")
     uninterrupted, _ = cluster_job.train(sc, iterations=12, local_steps=4, outer="nesterov")
     assert bitwise_equal(resumed, uninterrupted)
 

@@ -51,7 +51,7 @@ from .step import _chunks, chunk_loss, seed_task, set_task_threads
 
 __all__ = ["HopBundle", "Visit", "HopSpec", "VisitRecord", "HopReport", "HopPartitionResult",
            "batch_backward", "optimizer_step",
-           "step_epoch_scheduler",
+           "step_task_scheduler",
            "HopTask", "train_on_shard"]
 
 
@@ -242,7 +242,7 @@ def train_on_shard(bundle_bytes: bytes, shard_of: Callable[[int], Shard | None],
             if report.nonfinite is not None:
                 break
         if scheduler is not None and visit.epoch_end and spec.scheduler == "epoch":
-            step_epoch_scheduler(scheduler)
+            step_task_scheduler(scheduler)
         record.compute_s = time.perf_counter() - t0
         report.visits.append(record)
     optimizer.zero_grad(set_to_none=True)
@@ -256,15 +256,16 @@ def train_on_shard(bundle_bytes: bytes, shard_of: Callable[[int], Shard | None],
     return report
 
 
-def step_epoch_scheduler(scheduler: Any) -> None:
-    """Step a per-epoch scheduler at an epoch's end (in the task after the visit that closes
-    it; on the driver when that visit's partition is empty and no task ran)."""
+def step_task_scheduler(scheduler: Any, *args: Any) -> None:
+    """Step a scheduler the way a task steps it (``args``: a metric scheduler's value): per
+    iteration, or per epoch after the visit or iteration that closes the epoch (hop: also on
+    the driver when that visit's partition is empty and no task ran)."""
     # an unpickled optimizer's step is not wrapped, and its steps ran in tasks: torch's two
     # warnings about the order of the steps do not apply
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Seems like `optimizer.step", UserWarning)
         warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step()`", UserWarning)
-        scheduler.step()
+        scheduler.step(*args)
 
 
 def _visit(replica: Replica, model: torch.nn.Module, optimizer: Any, scheduler: Any,
@@ -287,9 +288,7 @@ def _visit(replica: Replica, model: torch.nn.Module, optimizer: Any, scheduler: 
             return (f"the loss is {loss} at batch {start // spec.batch_size + 1} of partition "
                     f"{partition} (epoch {visit.epoch + 1})")
         if scheduler is not None and spec.scheduler == "iteration":
-            with warnings.catch_warnings():    # an unpickled optimizer's step is not wrapped
-                warnings.filterwarnings("ignore", "Seems like `optimizer.step", UserWarning)
-                scheduler.step(loss) if spec.scheduler_metric else scheduler.step()
+            step_task_scheduler(scheduler, *((loss,) if spec.scheduler_metric else ()))
         record.steps += 1
         record.samples += len(indices)
         record.loss_sum += loss * len(indices)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 import pickle
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +40,7 @@ from ..data.batch_plan import task_seed, transform_generator
 from ..errors import SparkdlError, permanent_report
 from .devices import task_device
 from .executor_identity import executor_location
-from .hop_task import HopBundle, optimizer_step
+from .hop_task import HopBundle, optimizer_step, step_task_scheduler
 from .live_runs import LiveRuns, evict_finished
 from .process_memory import current_rss_bytes
 from .replicas import Replica, set_training_modes
@@ -108,22 +107,13 @@ def weighted_delta(model: torch.nn.Module, layout: Any, start: np.ndarray, weigh
     built with ``sparse=True``, as the layout's gradient and rows readers take them."""
     tensors = dict(model.named_parameters())
     with torch.no_grad():
-        for slot in layout.params:
+        for k, slot in enumerate(layout.params):
             p = tensors[slot.name]
-            before = layout._tensor(start, slot).to(p.device)
+            before = layout.param_value(start, k).to(p.device)
             delta = (before - p.detach()).mul_(weight)
             if slot.sparse:
                 delta = delta.to_sparse(sparse_dim=1).coalesce()
             p.grad = delta
-
-
-def _quiet_scheduler_step(scheduler: Any, *args: Any) -> None:
-    """A scheduler's step in a task: torch's warnings about the order of steps do not apply
-    (an unpickled optimizer's step is not wrapped; an empty share makes no step)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "Seems like `optimizer.step", UserWarning)
-        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step()`", UserWarning)
-        scheduler.step(*args)
 
 
 def train_round(spec: RoundSpec, partition: int, shard: Shard | None, bundle_bytes: bytes,
@@ -172,10 +162,10 @@ def train_round(spec: RoundSpec, partition: int, shard: Shard | None, bundle_byt
         report.rows.append(0 if loss is None else rows)
         report.steps += int(loss is not None)
         if scheduler is not None and spec.scheduler == "iteration":
-            _quiet_scheduler_step(scheduler, *((loss if loss is not None else math.nan,)
-                                               if spec.scheduler_metric else ()))
+            step_task_scheduler(scheduler, *((loss if loss is not None else math.nan,)
+                                             if spec.scheduler_metric else ()))
         if scheduler is not None and spec.scheduler == "epoch" and spec.epoch_ends[j]:
-            _quiet_scheduler_step(scheduler)
+            step_task_scheduler(scheduler)
     optimizer.zero_grad(set_to_none=True)
     if report.nonfinite is None:
         for name, value in model.state_dict().items():
@@ -259,5 +249,4 @@ class RoundTask:
 
 def _value(held: Any) -> Any:
     """A broadcast's value, or the value itself (in process)."""
-    return held.value if hasattr(held, "value") and not isinstance(held, (bytes, np.ndarray)) \
-        else held
+    return held.value if hasattr(held, "value") else held

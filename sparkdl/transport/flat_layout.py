@@ -182,6 +182,10 @@ class ParamLayout:
                 part = blob[slot.byte_start:slot.byte_stop]
                 tensors[slot.name].copy_(part.view(slot.dtype).view(slot.shape))
 
+    def param_value(self, state: np.ndarray, index: int) -> torch.Tensor:
+        """Trainable parameter ``index`` as it is in ``state``."""
+        return self._tensor(state, self.params[index])
+
     def buffer_value(self, state: np.ndarray, index: int) -> torch.Tensor:
         """Buffer ``index`` as it is in ``state``."""
         return self._tensor(state, self.buffers[index])

@@ -53,6 +53,18 @@ def scheduler_needs_metric(scheduler: Any) -> bool:
             or bool(required_step_arguments(scheduler)))
 
 
+def task_scheduler_step(scheduler: Any, step: str) -> str:
+    """When the tasks that train whole optimizers (model hopping, local rounds) step
+    ``scheduler`` (``step``: the fit's ``lr_scheduler_step``): ``"iteration"``, ``"epoch"``
+    (after the iteration or visit that closes an epoch), or ``""`` (none, or a metric scheduler
+    stepped per epoch on the driver)."""
+    if scheduler is None:
+        return ""
+    if step == "iteration":
+        return "iteration"
+    return "" if scheduler_needs_metric(scheduler) else "epoch"
+
+
 class OptimizerSequence(torch.optim.Optimizer):
     """Torch optimizers over disjoint parameters, stepped in the given order (see the module
     docstring). ``param_groups`` lists every member's groups in order (the same dicts, so a

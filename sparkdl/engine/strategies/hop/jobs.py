@@ -47,13 +47,14 @@ from typing import Any, Callable, Sequence
 
 from ....errors import InvalidArgumentError, SparkdlError, raise_reported
 from ....executor.hop_task import (HopBundle, HopReport, HopSpec, Visit, VisitRecord,
-                                 step_epoch_scheduler)
+                                 step_task_scheduler)
 from ....executor.process_memory import current_rss_bytes
 from ....executor.replicas import ReplicaSpec, load_non_persistent_buffers
 from ....triggers import (EveryEpoch, MaxEpoch, MaxIteration, SeveralIteration, TrainingState,
                         Trigger, TriggerAnd, TriggerOr)
 from ...fit.lifecycle import FitLifecycle, stop_not_finite
-from ...fit.optim.optimizer_sequence import needs_closure, scheduler_needs_metric
+from ...fit.optim.optimizer_sequence import (needs_closure, scheduler_needs_metric,
+                                              task_scheduler_step)
 from ...fit.optim.update_threads import one_update_thread
 from ...fit.recovery import run_with_recovery
 from ...fit.reports.summary import IterationRecord
@@ -96,12 +97,7 @@ class HopMember:
         """When the tasks step the fit's scheduler: ``"iteration"``, ``"epoch"`` (after a
         visit that closes an epoch), or ``""`` (none, or a metric scheduler stepped per epoch
         by the driver after validation)."""
-        ctx = self.ctx
-        if ctx.lr_scheduler is None:
-            return ""
-        if ctx.settings.lr_scheduler_step == "iteration":
-            return "iteration"
-        return "" if scheduler_needs_metric(ctx.lr_scheduler) else "epoch"
+        return task_scheduler_step(self.ctx.lr_scheduler, self.ctx.settings.lr_scheduler_step)
 
     @property
     def driver_scheduler(self) -> bool:
@@ -244,7 +240,7 @@ class HopJobs:
         if report is None:
             if member.task_scheduler == "epoch" and \
                     (ctx.iteration + 1) % ctx.plan.iterations_per_epoch == 0:
-                step_epoch_scheduler(ctx.lr_scheduler)   # as the task steps it after a visit
+                step_task_scheduler(ctx.lr_scheduler)   # as the task steps it after a visit
             return self._after_visit(k, None, job_s, 0.0)
         raise_reported([report], f"fit {k}, sub-epoch {ctx.iteration + 1}")
         if report.nonfinite is not None:

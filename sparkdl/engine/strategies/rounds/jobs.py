@@ -54,17 +54,18 @@ from ....transport.flat_layout import combine_buffers, summed_presence
 from ....transport.table_rows import gather_rows
 from ....triggers import TrainingState, planned_iterations
 from ...fit.lifecycle import FitLifecycle, stop_not_finite
-from ...fit.optim.optimizer_sequence import needs_closure, scheduler_needs_metric
+from ...fit.optim.optimizer_sequence import (needs_closure, scheduler_needs_metric,
+                                              task_scheduler_step)
 from ...fit.optim.update_threads import one_update_thread
 from ...fit.recovery import run_with_recovery
 from ...fit.reports.summary import IterationRecord
 from ...fit.run_context import RunContext
+from ...fit.optim.outer_optimizer import outer_optimizer
 from ..sync.pass_jobs import PassJobs
 from ..sync.step import SyncStep
-from ...fit.optim.outer_optimizer import outer_optimizer
 from .schedule import in_warmup, round_end
 
-__all__ = ["RoundSettings", "RoundMember", "RoundsJobs", "task_scheduler"]
+__all__ = ["RoundSettings", "RoundMember", "RoundsJobs"]
 
 log = logging.getLogger("sparkdl")
 
@@ -77,17 +78,6 @@ class RoundSettings:
     local_steps: int
     outer: Any
     warmup: int
-
-
-def task_scheduler(ctx: RunContext) -> str:
-    """When the tasks step each partition's scheduler: ``"iteration"``, ``"epoch"`` (after
-    the iteration that closes an epoch) or ``""`` (none, or a metric scheduler stepped per
-    epoch on the driver)."""
-    if ctx.lr_scheduler is None:
-        return ""
-    if ctx.settings.lr_scheduler_step == "iteration":
-        return "iteration"
-    return "" if scheduler_needs_metric(ctx.lr_scheduler) else "epoch"
 
 
 class RoundMember:
@@ -139,10 +129,11 @@ class RoundMember:
         return in_warmup(self.ctx.iteration, self.settings.warmup)
 
     # ------------------------------------------------------------------ a round
-    def request(self) -> RoundEntry:
-        """The next round's entry (its fit number is set by the caller)."""
+    def request(self, fit: int) -> RoundEntry:
+        """The next round's entry (``fit``: the fit's number on the pass's runner)."""
         ctx = self.ctx
         plan = ctx.plan
+        scheduler = task_scheduler_step(ctx.lr_scheduler, ctx.settings.lr_scheduler_step)
         first = ctx.iteration
         end = round_end(first, plan.iterations_per_epoch, self.settings.local_steps,
                         self.settings.warmup, self._planned)
@@ -156,7 +147,6 @@ class RoundMember:
         if self._bundle is None:
             from pyspark import cloudpickle
 
-            scheduler = task_scheduler(ctx)
             self._bundle = cloudpickle.dumps(HopBundle(
                 self.spec, ctx.optimizer, ctx.lr_scheduler if scheduler else None,
                 ctx.clipping))
@@ -171,7 +161,6 @@ class RoundMember:
             ends.append(step == plan.iterations_per_epoch - 1)
         shares_arr = np.stack(shares).astype(np.int64)
         options = ctx.settings.runner_options
-        scheduler = task_scheduler(ctx)
         spec = RoundSpec(
             ctx.settings.seed, ctx.settings.shuffle, tuple(iterations), tuple(epochs),
             tuple(ends), np.stack(starts).astype(np.int64), shares_arr, shares_arr.sum(0),
@@ -180,7 +169,7 @@ class RoundMember:
             needs_closure(ctx.optimizer))
         self._start_vector = ctx.layout.state_vector(ctx.model)
         self._spec = spec
-        return RoundEntry(-1, spec, self._start_vector, dict(self.inner), self._bundle)
+        return RoundEntry(fit, spec, self._start_vector, dict(self.inner), self._bundle)
 
     def job_name(self) -> str:
         spec = self._spec
@@ -189,7 +178,7 @@ class RoundMember:
     def complete(self, result: AllReduceResult, job_s: float) -> bool:
         """The round's result: the outer step, each iteration's record, then validation,
         checkpoints and the triggers at the round's end. True when the fit ended."""
-        ctx, life, spec = self.ctx, self.lifecycle, self._spec
+        ctx = self.ctx
         what = self.job_name()
         raise_reported(result.reports, what)
         bad = next((r for r in result.reports if getattr(r, "nonfinite", None)), None)
@@ -237,7 +226,6 @@ class RoundMember:
 
     def _finish(self, result: AllReduceResult, job_s: float, update_s: float) -> bool:
         ctx, life, spec = self.ctx, self.lifecycle, self._spec
-        per_epoch = ctx.plan.iterations_per_epoch
         reports = [r for r in result.reports if getattr(r, "loss_sums", None)]
         lrs = reports[0].lrs if reports and reports[0].lrs else []
         share = job_s / len(spec.iterations)
@@ -323,11 +311,7 @@ class RoundsJobs:
         first = self.members[active[0]]
         views = [self.members[k].ctx.runner for k in active]
         runner = views[0].runner
-        entries = []
-        for k, view in zip(active, views):
-            entry = self.members[k].request()
-            entries.append(RoundEntry(view.fit, entry.spec, entry.start, entry.inner,
-                                      entry.bundle))
+        entries = [self.members[k].request(view.fit) for k, view in zip(active, views)]
         what = (first.job_name() if len(active) == 1 else
                 f"the pass's round job {self._rounds} ({len(active)} fits)")
         results = run_with_recovery(
