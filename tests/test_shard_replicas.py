@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -107,10 +108,16 @@ def _fails_on_partition_3(index, rows):
     return rows
 
 
+def _stamped(value):
+    started = time.time()
+    time.sleep(0.5)
+    return value, started, time.time()
+
+
 def test_replica_jobs_have_one_task_each_and_carry_the_callers_job_group(sc):
     """Replica builds run as single-task jobs (Spark never speculates a stage's only task),
-    from threads that carry the caller's local properties; rows in the order asked, and a
-    failing job's error raised."""
+    from threads that carry the caller's local properties; rows in the order asked, a failing
+    job's error raised, and one job at a time per lane (the executor targeted)."""
     from sparkdl.executor.replica_build import as_collected
     from sparkdl.runners.targeted_rdd import single_task_jobs
 
@@ -131,6 +138,13 @@ def test_replica_jobs_have_one_task_each_and_carry_the_callers_job_group(sc):
     with pytest.raises(Exception, match="partition 3 is broken"):
         single_task_jobs(sc, rdd.mapPartitionsWithIndex(_fails_on_partition_3), [0, 3, 5],
                          as_collected)
+    # jobs of one lane (the executor their task targets) never run at the same time
+    stamped = sc.parallelize(range(6), 6).map(_stamped)
+    spans = single_task_jobs(sc, stamped, [4, 1, 0, 5], as_collected, at_once=4,
+                             lanes=["a", "a", "a", "b"])
+    assert [v for v, _, _ in spans] == [4, 1, 0, 5]
+    lane_a = sorted(spans[:3], key=lambda span: span[1])
+    assert all(earlier[2] <= later[1] for earlier, later in zip(lane_a, lane_a[1:])), spans
 
 
 def holders_from_log(stderr: str, pattern: str = r"partition: holders, first built first: "

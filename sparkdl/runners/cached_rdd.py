@@ -282,6 +282,10 @@ class CachedData(HeldData):
         raise_reported(replicas, f"building replicas of the {self.name} shards")
         for replica in replicas:
             check_replica(self.name, self.summaries[replica.partition], replica)
+            if replica.executor and replica.executor != targets[replica.partition]:
+                log.info("the replica of %s partition %d was built on %s, not on %s (Spark's "
+                         "locality wait ran out)", self.name, replica.partition,
+                         replica.executor, targets[replica.partition])
             self._learn(replica.executor)
             self.placement.hold(replica.partition, replica.executor)
         self.replicas_built += len(replicas)
@@ -306,7 +310,8 @@ class CachedData(HeldData):
         job = product.mapPartitionsWithIndex(ReplicaBuildTask(
             build.data_key, width, build.float_dtype, build.place, build.ragged, build.live,
             lineage))
-        return single_task_jobs(sc, job, [p * width + p for p in sorted(targets)], as_collected)
+        return single_task_jobs(sc, job, [p * width + p for p in sorted(targets)], as_collected,
+                                lanes=[targets[p] for p in sorted(targets)])
 
     def iteration_rdd(self) -> RDD:
         """What an iteration's job runs over: the index RDD, or with replicas a targeted RDD

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import pickle
 import threading
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Hashable, Iterator, Sequence
 
 from pyspark import RDD, InheritableThread
 from pyspark.serializers import BatchedSerializer, CPickleSerializer
@@ -54,32 +54,49 @@ def targeted_rdd(sc: Any, items: Sequence[Any], locations: Sequence[Sequence[str
 
 
 def single_task_jobs(sc: Any, rdd: RDD, partitions: Sequence[int],
-                     func: Callable[[Iterator[Any]], Iterator[Any]], at_once: int = 16
-                     ) -> list[Any]:
+                     func: Callable[[Iterator[Any]], Iterator[Any]], at_once: int = 16,
+                     lanes: Sequence[Hashable] | None = None) -> list[Any]:
     """``sc.runJob(rdd, func, [p])`` for each ``p`` of ``partitions``, at most ``at_once`` jobs
     at a time (threads that carry the caller's local properties, as
     :class:`pyspark.InheritableThread` does); the rows of all jobs, in the order of
-    ``partitions``. After a failure no further job starts, and the first error is raised once
-    the running ones end. ``func`` is shipped by reference: keep it in a light module."""
+    ``partitions``. ``lanes`` (one per partition: the executor a task targets) lets at most one
+    job of each lane run at a time, so that a targeted task never waits behind another one for
+    its executor until ``spark.locality.wait`` sends it elsewhere. After a failure no further
+    job starts, and the first error is raised once the running ones end. ``func`` is shipped by
+    reference: keep it in a light module."""
+    lane_of = dict(zip(partitions, lanes)) if lanes is not None else {p: p for p in partitions}
     todo = list(partitions)
     rows: dict[int, list[Any]] = {}
     errors: list[BaseException] = []
-    lock = threading.Lock()
+    busy: set[Hashable] = set()
+    ready = threading.Condition()
+
+    def next_partition() -> int | None:
+        with ready:
+            while True:
+                if errors or not todo:
+                    return None
+                free = [p for p in todo if lane_of[p] not in busy]
+                if free:
+                    todo.remove(free[0])
+                    busy.add(lane_of[free[0]])
+                    return free[0]
+                ready.wait()
 
     def run() -> None:
-        while True:
-            with lock:
-                if errors or not todo:
-                    return
-                p = todo.pop(0)
+        while (p := next_partition()) is not None:
             try:
                 got = sc.runJob(rdd, func, [p])
             except BaseException as exc:  # raised in the caller's thread below
-                with lock:
+                with ready:
                     errors.append(exc)
+                    busy.discard(lane_of[p])
+                    ready.notify_all()
                 return
-            with lock:
+            with ready:
                 rows[p] = got
+                busy.discard(lane_of[p])
+                ready.notify_all()
 
     threads = [InheritableThread(target=run) for _ in range(min(at_once, len(todo)))]
     for t in threads:
