@@ -163,6 +163,68 @@ def test_a_pass_task_collects_once_for_all_the_replicas_it_makes(monkeypatch):
         gc.unfreeze()
 
 
+def test_a_new_replica_leaves_frozen_objects_frozen_and_drops_thaw_then_cleanup_refreezes(
+        monkeypatch):
+    """A second run's replica collects only what is not frozen (the first replica's objects are
+    not walked again: ~0.15 s per task in a worker holding torch); an entry that leaves a cache
+    (dropped, or evicted past the capacity) gives the frozen objects back to the collector; the
+    cleanup task at a fit's end collects once and freezes what is left."""
+    import gc
+
+    from sparkdl.executor import worker_cache
+    from sparkdl.executor.replicas import ReplicaSpec, get_replica
+    from sparkdl.executor.tasks import CleanupTask
+
+    class Spec:
+        value = ReplicaSpec(torch.nn.Linear(3, 2), torch.nn.MSELoss(), "mean")
+
+    thawed = []
+    real_unfreeze = gc.unfreeze
+    monkeypatch.setattr(worker_cache.gc, "unfreeze", lambda: (thawed.append(1), real_unfreeze()))
+    real_unfreeze()
+    try:
+        first = get_replica("freeze-a", Spec())
+        frozen = gc.get_freeze_count()
+        assert frozen > 0 and thawed == []
+        assert get_replica("freeze-b", Spec()) is not first
+        assert gc.get_freeze_count() >= frozen and thawed == []
+        CleanupTask(["freeze-a", "freeze-b"])(iter([]))
+        assert thawed == [1, 1]                     # each drop gave the frozen objects back
+        assert gc.get_freeze_count() > 0            # and the cleanup froze the survivors again
+        cache = worker_cache.WorkerCache(capacity=1, freeze=True)
+        cache.put("x", object())
+        cache.put("y", object())                    # "x" evicted: the freeze released
+        assert thawed == [1, 1, 1] and gc.get_freeze_count() > 0
+    finally:
+        real_unfreeze()
+
+
+def test_tasks_without_replicas_freeze_the_imports_once_in_a_spark_worker_only(monkeypatch):
+    """Round and hop tasks cache no replica: their first task in a worker freezes what is alive
+    (torch's modules), later ones find it frozen and collect nothing; outside a Spark task (the
+    driver's in-process runs) nothing is frozen."""
+    import gc
+
+    import pyspark
+
+    from sparkdl.executor import worker_cache
+
+    collections = []
+    real_collect = gc.collect
+    monkeypatch.setattr(worker_cache.gc, "collect", lambda: (collections.append(1), real_collect()))
+    gc.unfreeze()
+    try:
+        worker_cache.freeze_imports_once()
+        assert gc.get_freeze_count() == 0 and collections == []
+        monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(lambda: object()))
+        worker_cache.freeze_imports_once()
+        assert gc.get_freeze_count() > 0 and collections == [1]
+        worker_cache.freeze_imports_once()
+        assert collections == [1]
+    finally:
+        gc.unfreeze()
+
+
 class _ThreadsSeen(torch.optim.LBFGS):
     """LBFGS that records torch's thread count during each step."""
 

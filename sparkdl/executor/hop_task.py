@@ -47,6 +47,7 @@ from .process_memory import current_rss_bytes
 from .replicas import Replica, ReplicaSpec, non_persistent_buffers, set_training_modes
 from .shard_store import Shard, open_shard
 from .tasks import task_attempt
+from .worker_cache import freeze_imports_once
 from .step import _chunks, chunk_loss, seed_task, set_task_threads
 
 __all__ = ["HopBundle", "Visit", "HopSpec", "VisitRecord", "HopReport", "HopPartitionResult",
@@ -309,6 +310,7 @@ class HopTask:
 
     def __call__(self, partition: int, records: Iterator[Any]) -> Iterator[HopPartitionResult]:
         evict_finished(self.live)
+        freeze_imports_once()
         for _ in records:
             pass
         wanted = bool(self.assignments.get(partition))

@@ -47,6 +47,7 @@ from .replicas import Replica, set_training_modes
 from .shard_store import Shard, open_shard
 from .step import TaskReport, seed_task, set_task_threads
 from .tasks import task_attempt
+from .worker_cache import freeze_imports_once
 
 __all__ = ["RoundSpec", "RoundReport", "RoundTask", "train_round", "weighted_delta"]
 
@@ -224,6 +225,7 @@ class RoundTask:
 
     def __call__(self, partition: int, summary: Any) -> tuple[np.ndarray | None, RoundReport]:
         evict_finished(self.live)
+        freeze_imports_once()
         return self.compute(partition, open_shard(self.data_key, partition)
                             if int(self.step.counts[partition]) else None)
 

@@ -33,7 +33,7 @@ from .executor_identity import executor_location
 from .live_runs import LiveRuns, evict_finished
 from .replicas import Replica, drop_replica, get_replica
 from .shard_store import ShardSummary, build_shard, drop_run, open_shard
-from .worker_cache import one_freeze
+from .worker_cache import freeze_long_lived, one_freeze
 from .step import (PartitionMetrics, StepSpec, TaskReport, compute_gradient,
                    compute_metric_sums, set_task_threads)
 
@@ -247,7 +247,9 @@ class FillTask:
 
 @dataclass
 class CleanupTask:
-    """Drops the shards and replicas of the given keys in whichever worker runs it."""
+    """Drops the shards and replicas of the given keys in whichever worker runs it, then
+    freezes what is left (:func:`~sparkdl.executor.worker_cache.freeze_long_lived`: one walk
+    now, none in the next fit's first task)."""
 
     keys: list[str]
 
@@ -255,4 +257,5 @@ class CleanupTask:
         for key in self.keys:
             drop_run(key)
             drop_replica(key)
+        freeze_long_lived()
         return []
