@@ -76,25 +76,26 @@ def single_task_jobs(sc: Any, rdd: RDD, partitions: Sequence[int],
             while True:
                 if errors or not todo:
                     return None
-                free = [p for p in todo if lane_of[p] not in busy]
-                if free:
-                    todo.remove(free[0])
-                    busy.add(lane_of[free[0]])
-                    return free[0]
+                p = next((p for p in todo if lane_of[p] not in busy), None)
+                if p is not None:
+                    todo.remove(p)
+                    busy.add(lane_of[p])
+                    return p
                 ready.wait()
 
     def run() -> None:
         while (p := next_partition()) is not None:
+            got: Any = None
+            error: BaseException | None = None
             try:
                 got = sc.runJob(rdd, func, [p])
             except BaseException as exc:  # raised in the caller's thread below
-                with ready:
-                    errors.append(exc)
-                    busy.discard(lane_of[p])
-                    ready.notify_all()
-                return
+                error = exc
             with ready:
-                rows[p] = got
+                if error is None:
+                    rows[p] = got
+                else:
+                    errors.append(error)
                 busy.discard(lane_of[p])
                 ready.notify_all()
 
