@@ -65,15 +65,10 @@ def main() -> None:
     parser.add_argument("--runners", nargs="+", default=["rounds", "rounds"],
                         choices=["sync", "rounds"], help="fits in this order; the last is shown")
     args = parser.parse_args()
-    from sparkdl.spark_settings import spark_session
-
     log_dir = tempfile.mkdtemp(prefix="sparkdl-timeline-")
-    spark = spark_session("fit timeline", "local[2]", {
-        "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
-        "spark.driver.memory": "6g", "spark.driver.maxResultSize": "2g",
+    spark = tta.spark_session({
         "spark.eventLog.enabled": "true", "spark.eventLog.dir": log_dir,
         "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"})
-    spark.sparkContext.setLogLevel("ERROR")
     w = tta.WORKLOADS[args.workload]
     data = tta.load(args.workload, spark)
     since = 0.0

@@ -358,14 +358,14 @@ RUNNERS: dict[str, Callable[..., Run]] = {
 }
 
 
-def spark_session() -> Any:
+def spark_session(extra: dict[str, str] | None = None) -> Any:
     """local[2] as sparkdl's users start it (sparkdl.spark_settings.spark_session: its
-    recommended settings, the local JVM at HotSpot's quick compiler)."""
+    recommended settings, the local JVM at HotSpot's quick compiler), with ``extra`` settings."""
     from sparkdl.spark_settings import spark_session as recommended
 
     spark = recommended("time to accuracy", "local[2]", {
         "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
-        "spark.driver.memory": "6g", "spark.driver.maxResultSize": "2g"})
+        "spark.driver.memory": "6g", "spark.driver.maxResultSize": "2g", **(extra or {})})
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
