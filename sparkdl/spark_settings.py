@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping
 
 __all__ = ["RECOMMENDED_CONF", "LOCAL_JAVA_OPTIONS", "recommended_conf", "is_local_master",
            "speculation_never_fires", "spark_setting", "spark_session", "shard_replicas",
-           "SHARD_REPLICAS"]
+           "SHARD_REPLICAS", "DRIVER_JOB_BYTES", "spark_bytes"]
 
 RECOMMENDED_CONF: dict[str, str] = {
     "spark.python.unix.domain.socket.enabled": "true",
@@ -51,6 +51,30 @@ RECOMMENDED_CONF: dict[str, str] = {
 
 LOCAL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 """The driver JVM's options for a ``local[...]`` master (module docstring)."""
+
+
+DRIVER_JOB_BYTES = "spark.sparkdl.driverJobBytes"
+"""The most bytes of task results one job hands the driver (default: an eighth of its heap and
+half of ``spark.driver.maxResultSize``: :func:`sparkdl.transport.allreduce.driver_job_bytes`).
+Larger means fewer jobs per iteration for a large model, and a heap that must hold them; a value
+above the driver's heap is refused before any job."""
+
+
+def spark_bytes(value: str, default_unit: str = "m") -> int:
+    """A Spark size setting ("512m", "1g", "2048") in bytes; a bare number is in
+    ``default_unit`` (Spark's unit for that setting)."""
+    text = value.strip().lower()
+    units = {"b": 0, "k": 10, "m": 20, "g": 30, "t": 40, "p": 50}
+    if text.endswith("b") and len(text) > 1 and text[-2] in units:
+        text = text[:-1]
+    unit = text[-1] if text and text[-1] in units else default_unit
+    number = text[:-1] if text and text[-1] in units else text
+    try:
+        return int(number) << units[unit]
+    except ValueError:
+        from .errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"cannot read the Spark size {value!r}") from None
 
 
 def spark_setting(sc: Any, key: str, default: str = "") -> str:

@@ -381,3 +381,76 @@ def test_a_pass_under_connect_sends_each_fits_table_rows_once_and_splits_them_by
     expected_vector = vectors[0] + vectors[1] + vectors[2]
     assert np.array_equal(first.vector, expected_vector[:6])
     assert np.array_equal(second.vector, vectors[0][6:] + vectors[2][6:])
+
+
+def test_a_vector_above_a_jobs_share_is_collected_in_several_jobs_with_the_same_bits(sc):
+    """Issue 54: blocks no larger than a job may hand the driver, each job collecting as many
+    as fit (the later jobs run only reduce tasks over the map outputs), and bitwise the sum of
+    one job; a miss is completed the same way."""
+    from models import JobCounter
+    from sparkdl.transport.allreduce import ShuffleAllReduce, job_intake, shuffle_blocks
+
+    n, size = 4, 10_001
+    vectors = _vectors(n, size)
+    computed = sc.accumulator(0)
+
+    def local_fn(partition, _):
+        computed.add(1)
+        return vectors[partition], _Report(partition, False)
+
+    index = sc.parallelize(range(n), n).cache()
+    whole = ShuffleAllReduce(size, np.float32, 3).run(index, local_fn)
+    job_bytes = 10_000                     # a 40 KB vector: 5 blocks of 8 KB, one per job...
+    blocks = shuffle_blocks(size * 4, n, job_bytes)
+    assert blocks == 5
+    pieces = ShuffleAllReduce(size, np.float32, blocks, job_bytes=job_bytes)
+    assert len(pieces.job_blocks) == 5 and job_intake(size * 4, "shuffle", n, None,
+                                                      job_bytes) <= job_bytes
+    computed.value = 0
+    with JobCounter(sc) as jobs:
+        result = pieces.run(index, local_fn)
+    assert jobs.count == 5 and computed.value == n      # the map side ran once
+    assert np.array_equal(result.vector, whole.vector)
+    assert [r.partition for r in result.reports] == list(range(n))
+    two = ShuffleAllReduce(size, np.float32, blocks, job_bytes=2 * 8_004)   # ...or two a job
+    assert [len(g) for g in two.job_blocks] == [2, 2, 1]
+    with JobCounter(sc) as jobs:
+        assert np.array_equal(two.run(index, local_fn).vector, whole.vector)
+    assert jobs.count == 3
+
+
+def test_large_values_are_broadcast_in_pieces_and_read_back_whole(sc):
+    """Issue 54: a value above the piece size goes as broadcasts of at most that size (the
+    driver's JVM cuts and executors assemble one at a time); a task reads the value itself,
+    numpy arrays rebuilt on the assembled buffers, bytes as a bytearray."""
+    from sparkdl.transport.pieced_broadcast import PiecedValue, pieced_broadcast
+    from sparkdl.transport.python_jobs import PythonJobs
+
+    rng = np.random.default_rng(1)
+    value = {"w": rng.normal(size=50_000).astype(np.float32), "b": np.arange(7),
+             "note": "x" * 1000}
+    raw = rng.bytes(70_001)
+    made = []
+
+    def broadcast(v):
+        made.append(len(v) if isinstance(v, bytes) else None)
+        return PythonJobs.of(sc)._one_broadcast(v)
+
+    handle = pieced_broadcast(broadcast, value, piece_bytes=64 << 10)
+    raw_handle = pieced_broadcast(broadcast, raw, piece_bytes=64 << 10)
+    assert isinstance(handle, PiecedValue) and isinstance(raw_handle, PiecedValue)
+    # the pickle stream, the 200,000 bytes of "w" in four pieces, those of "b"; the raw bytes
+    assert all(m is not None and m <= 64 << 10 for m in made) and len(made) == 6 + 2
+    small = pieced_broadcast(broadcast, value["b"], piece_bytes=64 << 10)
+    assert not isinstance(small, PiecedValue)             # one ordinary broadcast
+
+    def read(_):
+        got = handle.value
+        data = raw_handle.value
+        yield (got["w"].tobytes() == value["w"].tobytes(), got["b"].tolist(), got["note"],
+               type(data).__name__, bytes(data) == raw, small.value.tolist())
+
+    rows = sc.parallelize(range(2), 2).mapPartitions(read).collect()
+    assert rows == [(True, list(range(7)), "x" * 1000, "bytearray", True, list(range(7)))] * 2
+    for h in (handle, raw_handle, small):
+        h.destroy(blocking=True)

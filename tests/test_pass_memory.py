@@ -40,7 +40,10 @@ def test_budgets_follow_the_settings_as_spark_applies_them():
     # the driver path takes in every partition's vector; the shuffle path the reduced blocks
     assert by_name["spark.driver.maxResultSize"].needs([fp, fp]) == int(1.05 * 8 * (1 << 20))
     shuffle = {b.setting: b for b in budgets(settings.get, "shuffle", 4)}
-    assert shuffle["spark.driver.maxResultSize"].needs([fp, fp]) == int(1.05 * 2 * (1 << 20))
+    assert shuffle["spark.driver.maxResultSize"].needs([fp, fp]) == 2 << 20
+    # a vector above a job's share (half of maxResultSize here) reaches the driver in jobs of it
+    big = Footprint(weights=40 << 20, vector=40 << 20, optimizer_state=0)
+    assert shuffle["spark.driver.maxResultSize"].needs([big]) == 5 << 20
     assert by_name["spark.executor.pyspark.memory"].needs([fp]) == 5 << 20
     # the defaults: maxResultSize 1g, driver memory 1g, no Python limit; 0 lifts maxResultSize
     assert {b.setting for b in budgets({}.get, "auto", 2)} == {"spark.driver.maxResultSize",
@@ -75,12 +78,21 @@ def test_passes_are_cut_where_a_budget_would_be_exceeded(caplog):
         plan_passes([0, 7], [fits[0], big], limits)
     assert "fit 7 cannot train within spark.executor.pyspark.memory=100m" in str(err.value)
     assert "120.0 MiB" in str(err.value) and "nothing has run yet" in str(err.value)
-    # a soft bound (the driver's heap) only splits, and warns of a fit above it alone
-    soft = budgets({"spark.driver.memory": "80m"}.get, "shuffle", 2)     # 10 MiB per pass
-    with caplog.at_level(logging.WARNING, "sparkdl"):
-        assert plan_passes([0, 1, 2], [Footprint(0, 4 << 20, 0), Footprint(0, 12 << 20, 0),
-                                       Footprint(0, 4 << 20, 0)], soft) == [[0], [1], [2]]
-    assert "fit 1 alone takes in about 12.6 MiB" in caplog.text
+    # the driver's heap (80m: 10 MiB per job) bounds the driver path, hard: a fit whose every
+    # partition's vector exceeds it is refused, naming the setting and the shuffle path
+    heap = budgets({"spark.driver.memory": "80m"}.get, "driver", 2)
+    with pytest.raises(InvalidArgumentError) as err:
+        plan_passes([0, 1], [Footprint(0, 4 << 20, 0), Footprint(0, 12 << 20, 0)], heap)
+    assert "fit 1 cannot train within spark.driver.memory=80m" in str(err.value)
+    assert "25.2 MiB" in str(err.value) and 'allreduce="shuffle"' in str(err.value)
+    # on the shuffle path the sums reach the driver in jobs within it: no pass is split for it
+    shuffle = budgets({"spark.driver.memory": "80m"}.get, "shuffle", 2)
+    fits3 = [Footprint(0, 4 << 20, 0), Footprint(0, 12 << 20, 0), Footprint(0, 40 << 20, 0)]
+    assert plan_passes([0, 1, 2], fits3, shuffle) == [[0, 1, 2]]
+    assert {b.setting: b.needs(fits3) for b in shuffle}["spark.driver.memory"] <= 10 << 20
+    # auto takes the shuffle path where the driver path would exceed a job's share
+    assert plan_passes([0, 1], fits3[:2], budgets({"spark.driver.memory": "80m"}.get, "auto",
+                                                  2)) == [[0, 1]]
 
 
 class Wide(nn.Module):

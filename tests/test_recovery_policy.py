@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from sparkdl.runners.driver_health import driver_heap_failure
+
 from sparkdl.engine.fit.recovery import MAX_REBUILDS, ExecutorMemoryError, run_with_recovery
 from sparkdl.runners.cached_rdd import lost_data_reason, memory_kill_reason
 
@@ -36,6 +38,7 @@ class FakeRunner:
 
     lost_data_reason = staticmethod(lost_data_reason)
     memory_kill_reason = staticmethod(memory_kill_reason)
+    driver_failure = staticmethod(driver_heap_failure)
 
     def rebuild(self, data, reason):
         self.rebuilds += 1
@@ -98,7 +101,7 @@ def test_a_driver_out_of_memory_is_reported_as_such_and_rebuilds_nothing():
     from sparkdl.engine.fit.recovery import DriverMemoryError
 
     runner = FakeRunner(DRIVER_OOM)
-    with pytest.raises(DriverMemoryError, match=r"iteration 8: the driver ran out of memory "
+    with pytest.raises(DriverMemoryError, match=r"iteration 8: the driver's JVM ran out of heap "
                                                 r"\(java.lang.OutOfMemoryError: Java heap "
                                                 r"space\).*spark\.driver\.memory"):
         run(runner)

@@ -39,6 +39,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any, Sequence
 
 import torch
@@ -327,8 +328,17 @@ class FitSet:
                 self.errors[k] = runs[k].failure = exc
         finally:
             self.loads += len(loads) - loaded_before
-            for k, run in runs.items():
-                end_fit(self.specs[k], run)
-            if held is None:
-                runner.close()
+            failing = sys.exc_info()[1]
+            try:
+                for k, run in runs.items():
+                    end_fit(self.specs[k], run)
+                if held is None:
+                    runner.close()
+            except Exception as exc:
+                if failing is None:
+                    raise
+                # the fit's own error says what happened (a driver whose JVM is gone cannot
+                # release anything): a cleanup's error must not take its place
+                log.warning("releasing the pass's broadcasts and replicas after its error "
+                            "failed too: %s: %s", type(exc).__name__, str(exc)[:300])
         return later

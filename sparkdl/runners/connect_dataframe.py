@@ -335,6 +335,9 @@ class ConnectDataFrameRunner(GradientRunner):
     def memory_kill_reason(self, exc: BaseException) -> str | None:
         return memory_kill_reason(exc)
 
+    def driver_failure(self, exc: BaseException) -> str | None:
+        return None       # the Spark Connect server's driver: its errors name it themselves
+
     def rebuild(self, data: ConnectData, reason: str) -> None:
         data.rebuild(reason)
 

@@ -83,6 +83,9 @@ class FitView:
     def memory_kill_reason(self, exc: BaseException) -> str | None:
         return self.runner.memory_kill_reason(exc)
 
+    def driver_failure(self, exc: BaseException) -> str | None:
+        return self.runner.driver_failure(exc)
+
     def rebuild(self, data: Any, reason: str) -> None:
         self.runner.rebuild(data, reason)
 

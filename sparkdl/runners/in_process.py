@@ -245,6 +245,9 @@ class InProcessRunner(GradientRunner, HopRunner, RoundRunner):
     def memory_kill_reason(self, exc: BaseException) -> str | None:
         return None
 
+    def driver_failure(self, exc: BaseException) -> str | None:
+        return None
+
     def rebuild(self, data: InProcessData, reason: str) -> None:
         raise RuntimeError(f"in-process data cannot be lost ({reason})")  # pragma: no cover
 

@@ -121,6 +121,10 @@ class IterationRunner(Protocol):
         """The line saying that a failed job lost an executor to its memory limit, or None (a
         rebuild then only helps if the limit was hit by chance)."""
 
+    def driver_failure(self, exc: BaseException) -> str | None:
+        """Why a failed job failed for the driver's memory, in words naming the setting to
+        raise, or None (a rebuild of executor-held data cannot help then)."""
+
     def rebuild(self, data: DataHandle, reason: str) -> None:
         """Hold ``data`` again after a loss (``reason`` goes to the log)."""
 

@@ -28,7 +28,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..executor.live_runs import live_runs, new_key, release_key
-from ..spark_settings import shard_replicas, spark_setting, speculation_never_fires
+from ..spark_settings import (DRIVER_JOB_BYTES, shard_replicas, spark_bytes, spark_setting,
+                              speculation_never_fires)
 from .cached_rdd import (CachedData, clean_workers, lost_data_reason, memory_kill_reason,
                          shard_place)
 from .held_data import complete_misses, not_found
@@ -41,13 +42,15 @@ from ..executor.hop_task import HopPartitionResult, HopSpec, HopTask
 from ..executor.tasks import EvaluationTask, GradientTask, PassGradientTask
 from ..metrics import ValidationMetric
 from ..errors import InvalidArgumentError
-from ..transport.allreduce import (AllReduceResult, make_allreduce, make_pass_allreduce,
+from ..transport.allreduce import (AllReduceResult, driver_job_bytes, make_allreduce,
+                                  make_pass_allreduce,
                                   with_resources)
 from ..transport.codecs import make_pass_codec
 from ..transport.pass_results import pass_table_rows, split_pass_result
 from ..transport.flat_layout import ParamLayout
 from ..transport.broadcast_bundle import BroadcastBundle
 from ..transport.python_jobs import PythonJobs
+from .driver_health import DriverHealth
 from ..transport.weight_refresh import RefreshPublisher, StateVersion
 
 __all__ = ["SparkRddRunner"]
@@ -72,6 +75,7 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
         pass's iteration a :class:`BroadcastBundle` (one broadcast for every fit's values)."""
         self._closed: list[str] = []      # the replicas' keys of fits closed before the runner
         self._rounds = RoundBroadcasts(sc)
+        self._health = DriverHealth(sc)
 
     def _flag(self, key: str, default: bool) -> bool:
         """A boolean setting: the thread's local property (``sc.setLocalProperty``), else the
@@ -151,6 +155,16 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
                             "can ever start: %s", why)
         return cached
 
+    def job_bytes(self) -> int:
+        """The most bytes of task results one job may hand this driver
+        (:func:`~sparkdl.transport.allreduce.driver_job_bytes` of its JVM's heap and of
+        ``spark.driver.maxResultSize``)."""
+        conf = self.spark_context._jsc.sc().conf()
+        heap = int(self.spark_context._jvm.java.lang.Runtime.getRuntime().maxMemory())
+        results = int(conf.getSizeAsBytes("spark.driver.maxResultSize", "1g"))
+        chosen = spark_setting(self.spark_context, DRIVER_JOB_BYTES)
+        return driver_job_bytes(heap, results, spark_bytes(chosen, "b") if chosen else None)
+
     def start(self, spec: ReplicaSpec, layout: ParamLayout, options: RunnerOptions,
               train: CachedData) -> str:
         fit, how = self.add_fit(spec, layout, options, train)
@@ -167,19 +181,19 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
         from pyspark import cloudpickle
 
         if not self._fits:
+            self._health.watch()
             self._options = options
             self._resources = self._task_resources(options.device)
             self._broadcast = PythonJobs.of(self.spark_context).broadcast
         allreduce = make_allreduce(layout, options.allreduce, train.num_partitions,
-                                   options.num_blocks, options.compression)
+                                   options.num_blocks, options.compression, self.job_bytes())
         publisher = RefreshPublisher(
             lambda value: self._broadcast(value), layout.fingerprint,
             deltas=self._flag("spark.sparkdl.rowDeltas", True),
             verify=self._flag("spark.sparkdl.verifyReplicas", False))
         number = max(self._fits, default=-1) + 1
-        self._fits[number] = _Fit(new_key("run"),
-                                  self.spark_context.broadcast(cloudpickle.dumps(spec)),
-                                  layout, allreduce, publisher)
+        spec_bc = PythonJobs.of(self.spark_context).broadcast(cloudpickle.dumps(spec))
+        self._fits[number] = _Fit(new_key("run"), spec_bc, layout, allreduce, publisher)
         return number, (f"{type(allreduce).__name__} all-reduce of {layout.size} values"
                         + (f" (gradients in {options.compression})"
                            if options.compression else ""))
@@ -238,7 +252,8 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
             codec = make_pass_codec([fit.allreduce.codec for fit in fits], sizes, dtype)
             self._passes = {key: make_pass_allreduce(sum(sizes), dtype, options.allreduce,
                                                      data.num_partitions, options.num_blocks,
-                                                     codec, pass_table_rows(layouts))}
+                                                     codec, pass_table_rows(layouts),
+                                                     self.job_bytes())}
         return self._passes[key]
 
     def evaluate(self, data: CachedData, weights: np.ndarray,
@@ -246,7 +261,7 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
                  ) -> list[PartitionMetrics]:
         assert data.index_rdd is not None
         one = self._fits[self._default if fit is None else fit]
-        weights_bc = self.spark_context.broadcast(weights)
+        weights_bc = PythonJobs.of(self.spark_context).broadcast(weights)
         try:
             task = EvaluationTask(one.run_key, data.data_key, one.spec_bc, weights_bc,
                                   list(metrics), batch_size, self._options.device,
@@ -267,7 +282,7 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
         its shard (a partition whose task ran where its shard is not is filled, as a gradient
         job's); the results by partition."""
         assert data.index_rdd is not None
-        bundles_bc = self.spark_context.broadcast(bundles)
+        bundles_bc = PythonJobs.of(self.spark_context).broadcast(bundles)
         try:
             task = HopTask(data.data_key, bundles_bc, assignments, live=live_runs())
             rows = {row.partition: row for row in with_resources(
@@ -322,6 +337,10 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
     def memory_kill_reason(self, exc: BaseException) -> str | None:
         return memory_kill_reason(exc)
 
+    def driver_failure(self, exc: BaseException) -> str | None:
+        """Why ``exc`` is the driver's memory, or None (:mod:`.driver_health`)."""
+        return self._health.failure(exc)
+
     def rebuild(self, data: CachedData, reason: str) -> None:
         data.rebuild(reason)
 
@@ -338,6 +357,7 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
         self._closed.append(one.run_key)   # cleanup job of close() covers the idle workers
 
     def close(self) -> None:
+        self._health.stop()
         fits = list(self._fits.values())
         self._rounds.close()
         self._fits, self._passes = {}, {}

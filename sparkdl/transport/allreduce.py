@@ -7,7 +7,11 @@ how the sum is made. Two ways exist:
 * :class:`ShuffleAllReduce` (BigDL's design, for large models): every map task cuts its vector into
   ``K`` contiguous blocks and emits ``(k, block_k)``; a shuffle brings block ``k`` of every task to
   reduce partition ``k``, which sums them in partition order; the driver collects the ``K`` sums.
-  One Spark job, two stages; each reducer moves ``1/K`` of the data.
+  One Spark job, two stages; each reducer moves ``1/K`` of the data. A large vector is cut into
+  blocks of at most :data:`~sparkdl.transport.pieced_broadcast.PIECE_BYTES`, and the sums reach
+  the driver in jobs of at most ``job_bytes`` each (the later jobs run only reduce tasks, over
+  the map outputs Spark keeps): no object in the driver's JVM grows with the model, and no job's
+  results exceed ``spark.driver.maxResultSize`` (:func:`driver_job_bytes`).
 * :class:`DriverAllReduce` (for small models): one stage; each task returns its whole vector and
   the driver sums them in partition order.
 
@@ -20,6 +24,7 @@ without a copy and reaches the other side as one ``bytes`` object.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
@@ -29,14 +34,15 @@ from pyspark import RDD
 
 from .codecs import ExactCodec, make_codec
 from .flat_layout import ParamLayout
+from .pieced_broadcast import PIECE_BYTES
 from .table_rows import Rows, join_rows, split_rows, sum_rows
 from .frames import collect_messages, keyed_frame, message_frames, read_messages, shuffle_frames
-from .python_jobs import IterationJobs, JobRdd
+from .python_jobs import IterationJobs, JobRdd, PythonJobs
 
 __all__ = ["AllReduceResult", "ShuffleAllReduce", "DriverAllReduce", "block_bounds",
            "choose_allreduce", "make_allreduce", "make_pass_allreduce", "sum_in_order",
-           "reported_absent", "with_resources",
-           "DRIVER_ALLREDUCE_MAX_BYTES"]
+           "reported_absent", "with_resources", "shuffle_blocks", "driver_job_bytes", "job_intake",
+           "DRIVER_ALLREDUCE_MAX_BYTES", "DRIVER_HEAP_SHARE", "MAX_SHUFFLE_BLOCKS"]
 
 DRIVER_ALLREDUCE_MAX_BYTES = 64 << 20
 """``allreduce="auto"`` sums at the driver while the driver would receive at most this many bytes
@@ -48,11 +54,65 @@ the driver) it ran the default 1 GiB driver heap out of memory. The limit keeps 
 intake well inside a default heap (docs/scaling.md)."""
 
 
-def choose_allreduce(vector_bytes: int, num_partitions: int) -> str:
+def choose_allreduce(vector_bytes: int, num_partitions: int, job_bytes: int | None = None
+                     ) -> str:
     """``"driver"`` or ``"shuffle"`` for a vector of ``vector_bytes`` from ``num_partitions``
-    tasks: the rule behind ``allreduce="auto"``."""
-    return "driver" if vector_bytes * num_partitions <= DRIVER_ALLREDUCE_MAX_BYTES else "shuffle"
+    tasks: the rule behind ``allreduce="auto"`` (never the driver path above ``job_bytes``,
+    what one job may hand the driver: :func:`driver_job_bytes`)."""
+    limit = DRIVER_ALLREDUCE_MAX_BYTES if job_bytes is None else min(DRIVER_ALLREDUCE_MAX_BYTES,
+                                                                     job_bytes)
+    return "driver" if vector_bytes * num_partitions <= limit else "shuffle"
 
+
+DRIVER_HEAP_SHARE = 8
+"""A job hands the driver at most ``heap / DRIVER_HEAP_SHARE`` bytes of task results: 128 MiB of
+results per iteration ran a 1 GiB heap out of memory (bench/allreduce_crossover.py)."""
+
+MAX_SHUFFLE_BLOCKS = 200
+"""At most this many blocks (reduce partitions) are made to keep blocks small: up to
+``spark.shuffle.sort.bypassMergeThreshold`` (200) a map task writes each block straight to its
+file, above it Spark sorts its records in memory first."""
+
+
+def shuffle_blocks(vector_bytes: int, requested: int, job_bytes: int | None = None) -> int:
+    """The number of blocks of a ``vector_bytes`` vector: ``requested``, or more where its
+    blocks would exceed :data:`~sparkdl.transport.pieced_broadcast.PIECE_BYTES` or
+    ``job_bytes`` (at most :data:`MAX_SHUFFLE_BLOCKS` for that)."""
+    largest = PIECE_BYTES if job_bytes is None else max(1, min(PIECE_BYTES, job_bytes))
+    needed = min(MAX_SHUFFLE_BLOCKS, -(-int(vector_bytes) // largest))
+    return max(int(requested), needed)
+
+
+def job_intake(vector_bytes: int, path: str, num_partitions: int,
+               num_blocks: int | None = None, job_bytes: int | None = None) -> int:
+    """The most bytes of task results (vectors, before their headers) one job of this
+    AllReduce hands the driver: every partition's vector on the driver path; on the shuffle
+    path as many blocks as fit in ``job_bytes`` (one at least)."""
+    if path == "auto":
+        path = choose_allreduce(vector_bytes, num_partitions, job_bytes)
+    if path == "driver":
+        return int(vector_bytes) * num_partitions
+    blocks = shuffle_blocks(vector_bytes, num_blocks or num_partitions, job_bytes)
+    block = max(1, -(-int(vector_bytes) // blocks))
+    if job_bytes is None:
+        return int(vector_bytes)
+    return min(int(vector_bytes), max(block, (job_bytes // block) * block))
+
+
+def driver_job_bytes(heap_bytes: int, max_result_bytes: int, chosen: int | None = None) -> int:
+    """The most bytes of task results one job hands the driver: ``chosen`` (the setting
+    ``spark.sparkdl.driverJobBytes``) when given, else ``heap_bytes`` /
+    :data:`DRIVER_HEAP_SHARE` and half of ``spark.driver.maxResultSize`` (``max_result_bytes``;
+    0: no limit)."""
+    if chosen:
+        return int(chosen)
+    limit = int(heap_bytes) // DRIVER_HEAP_SHARE
+    if max_result_bytes > 0:
+        limit = min(limit, int(max_result_bytes) // 2)
+    return max(1, limit)
+
+
+log = logging.getLogger(__name__)
 
 LocalFn = Callable[[int, Any], "tuple[np.ndarray | None, Any]"]
 """A task's function: ``(partition, index record) -> (vector or None, report)``; the report is
@@ -183,14 +243,27 @@ class ShuffleAllReduce:
         codec: how blocks travel (:mod:`sparkdl.transport.codecs`); default exact.
         table_rows: the number of rows of each embedding table, by parameter index (a pass's:
             by ``(fit, parameter)``).
+        job_bytes: the most bytes of sums one job hands the driver (:func:`driver_job_bytes`;
+            None: all in one job); a vector above it is collected in several jobs.
     """
 
     def __init__(self, size: int, dtype: np.dtype, num_blocks: int, codec: Any = None,
-                 table_rows: dict[Any, int] | None = None) -> None:
+                 table_rows: dict[Any, int] | None = None, job_bytes: int | None = None
+                 ) -> None:
         self.size = int(size)
         self.dtype = np.dtype(dtype)
         self.bounds = block_bounds(size, num_blocks)
         self.num_blocks = len(self.bounds) - 1
+        block_bytes = max(1, -(-self.size // self.num_blocks) * self.dtype.itemsize)
+        per_job = self.num_blocks if job_bytes is None else max(1, job_bytes // block_bytes)
+        self.job_blocks = [list(range(lo, min(lo + per_job, self.num_blocks)))
+                           for lo in range(0, self.num_blocks, per_job)]
+        """The reduce partitions of each job that collects the sums (one job: all)."""
+        if len(self.job_blocks) > 1:
+            log.info("the sums of %d blocks of %.1f MiB reach the driver in %d jobs of at most "
+                     "%.1f MiB each (a job's share of the driver's heap and of "
+                     "spark.driver.maxResultSize)", self.num_blocks, block_bytes / 2**20,
+                     len(self.job_blocks), per_job * block_bytes / 2**20)
         self.codec = codec if codec is not None else ExactCodec(self.dtype)
         # each table's id range cut into the same number of blocks as the vector
         self.row_bounds = {k: (np.arange(self.num_blocks + 1, dtype=np.int64) * n)
@@ -219,7 +292,7 @@ class ShuffleAllReduce:
         bitwise the sum an undisturbed job gives."""
         assert self._shuffled is not None, "complete() follows run()"
         sc = self._shuffled.jobs.sc
-        filled_bc = sc.broadcast(dict(filled))
+        filled_bc = PythonJobs.of(sc).broadcast(dict(filled))
         try:
             return self._reduce(filled_bc, result.submitted_at)
         finally:
@@ -233,9 +306,13 @@ class ShuffleAllReduce:
                                         self.num_blocks, self.dtype)
         bounds = self.bounds
         vector = np.empty(self.size, dtype=self.dtype)
-        messages = collect_messages(      # each block's sum read straight into its place
-            self._shuffled.jobs.map_partitions(self._shuffled, reduce_side),
-            lambda head: vector[bounds[head[0]]:bounds[head[0] + 1]], self._jobs.call_site)
+        reduced = self._shuffled.jobs.map_partitions(self._shuffled, reduce_side)
+        groups = self.job_blocks if len(self.job_blocks) > 1 else [None]
+        messages = []
+        for group in groups:        # each block's sum read straight into its place
+            messages += collect_messages(
+                reduced, lambda head: vector[bounds[head[0]]:bounds[head[0] + 1]],
+                self._jobs.call_site, group)
         result = AllReduceResult(vector, submitted_at=submitted_at, returned_at=time.time())
         block_rows: dict[int, dict[Any, Rows]] = {}
         for (k, block_reports, seconds, started, finished, row_sums), payload in messages:
@@ -408,29 +485,44 @@ def reported_absent(reports: Iterable[Any]) -> dict[int, Any]:
 
 def make_pass_allreduce(size: int, dtype: np.dtype, path: str, num_partitions: int,
                         num_blocks: int | None = None, codec: Any = None,
-                        table_rows: dict[Any, int] | None = None
+                        table_rows: dict[Any, int] | None = None, job_bytes: int | None = None
                         ) -> "ShuffleAllReduce | DriverAllReduce":
     """The AllReduce of a pass's vectors: every fit's vector, one after another, ``size``
     values of ``dtype`` in all (:mod:`sparkdl.engine.fit_set`), through ``codec``
     (:func:`sparkdl.transport.codecs.make_pass_codec`; default exact), every fit's embedding
     tables' rows (``table_rows``: their row counts by ``(fit, parameter)``) summed by block on
-    the shuffle path."""
+    the shuffle path (``job_bytes``: as :class:`ShuffleAllReduce`'s)."""
     dtype = np.dtype(dtype)
     if path == "auto":
-        path = choose_allreduce(size * dtype.itemsize, num_partitions)
+        path = choose_allreduce(size * dtype.itemsize, num_partitions, job_bytes)
     if path == "driver":
         return DriverAllReduce(size, dtype, codec)
-    return ShuffleAllReduce(size, dtype, num_blocks or num_partitions, codec, table_rows)
+    return ShuffleAllReduce(size, dtype, _blocks(size * dtype.itemsize, num_blocks,
+                                                 num_partitions, job_bytes),
+                            codec, table_rows, job_bytes)
+
+
+def _blocks(vector_bytes: int, num_blocks: int | None, num_partitions: int,
+            job_bytes: int | None) -> int:
+    blocks = shuffle_blocks(vector_bytes, num_blocks or num_partitions, job_bytes)
+    if num_blocks and blocks > num_blocks:
+        log.warning("num_blocks=%d would make %.1f MiB blocks, more than one job may hand the "
+                    "driver or one broadcast piece: using %d blocks (the same sums: blocks only "
+                    "cut the vector)", num_blocks, vector_bytes / num_blocks / 2**20, blocks)
+    return blocks
 
 
 def make_allreduce(layout: ParamLayout, path: str, num_partitions: int,
-                   num_blocks: int | None = None, compression: str | None = None
-                   ) -> "ShuffleAllReduce | DriverAllReduce":
-    """The AllReduce for ``path`` ("auto", "shuffle" or "driver") over vectors of ``layout``."""
+                   num_blocks: int | None = None, compression: str | None = None,
+                   job_bytes: int | None = None) -> "ShuffleAllReduce | DriverAllReduce":
+    """The AllReduce for ``path`` ("auto", "shuffle" or "driver") over vectors of ``layout``
+    (``job_bytes``: as :class:`ShuffleAllReduce`'s)."""
     codec = make_codec(compression, layout.numpy_dtype, layout.num_param_values)
+    vector_bytes = layout.size * layout.numpy_dtype.itemsize
     if path == "auto":
-        path = choose_allreduce(layout.size * layout.numpy_dtype.itemsize, num_partitions)
+        path = choose_allreduce(vector_bytes, num_partitions, job_bytes)
     if path == "driver":
         return DriverAllReduce(layout.size, layout.numpy_dtype, codec)
-    return ShuffleAllReduce(layout.size, layout.numpy_dtype, num_blocks or num_partitions, codec,
-                            {k: layout.params[k].shape[0] for k in layout.tables})
+    return ShuffleAllReduce(layout.size, layout.numpy_dtype,
+                            _blocks(vector_bytes, num_blocks, num_partitions, job_bytes), codec,
+                            {k: layout.params[k].shape[0] for k in layout.tables}, job_bytes)

@@ -131,7 +131,8 @@ def _read_exactly(stream: Any, target: memoryview) -> None:
 
 
 def collect_messages(rdd: Any, destination: Callable[[Any], Any],
-                     call_site: str | None = None) -> list[tuple[Any, Any]]:
+                     call_site: str | None = None,
+                     partitions: list[int] | None = None) -> list[tuple[Any, Any]]:
     """Collect the messages (:func:`message_frames`) that a :func:`raw_output` RDD, or a
     :class:`sparkdl.transport.python_jobs.JobRdd` (its job named ``call_site``), yields to the
     driver, reading each payload straight from the JVM's result socket into the writable buffer
@@ -141,12 +142,14 @@ def collect_messages(rdd: Any, destination: Callable[[Any], Any],
     Returns ``(head, payload)`` per message in arrival order (partition order for ``collect``),
     the payload being the destination buffer, the bytes, or None. Uses the same driver-side
     internals as ``RDD.collect`` (``PythonRDD.collectAndServe`` and
-    ``local_connect_and_auth``, alike from pyspark 3.4 to 4.3; :mod:`sparkdl.spark_compat`)."""
+    ``local_connect_and_auth``, alike from pyspark 3.4 to 4.3; :mod:`sparkdl.spark_compat`).
+    ``partitions`` (a ``JobRdd``'s only): a job of only those partitions (``PythonRDD.runJob``,
+    as ``SparkContext.runJob``)."""
     from pyspark.traceback_utils import SCCallSiteSync
     from ..spark_compat import local_connect_and_auth
 
     if isinstance(rdd, JobRdd):
-        sock_info = rdd.jobs.serve(rdd, call_site or "sparkdl job")
+        sock_info = rdd.jobs.serve(rdd, call_site or "sparkdl job", partitions)
     else:
         with SCCallSiteSync(rdd.ctx):     # the job named by the user's call site, as collect()
             sock_info = rdd.ctx._jvm.PythonRDD.collectAndServe(rdd._jrdd.rdd())

@@ -129,18 +129,30 @@ class PythonJobs:
 
     def broadcast(self, value: Any) -> Any:
         """``sc.broadcast(value)`` (a pyspark ``Broadcast``, the same in tasks and to destroy)
-        without its two reflection look-ups per call; with I/O encryption on, pyspark's own."""
+        without its two reflection look-ups per call; with I/O encryption on, pyspark's own. A
+        value above :data:`~sparkdl.transport.pieced_broadcast.PIECE_BYTES` goes in pieces
+        (:func:`~sparkdl.transport.pieced_broadcast.pieced_broadcast`: a handle with the same
+        ``value`` and ``destroy``)."""
+        from .pieced_broadcast import pieced_broadcast
+
+        return pieced_broadcast(self._one_broadcast, value)
+
+    def _one_broadcast(self, value: Any) -> Any:
         if self.sc._encryption_enabled:
             return self.sc.broadcast(value)
         return _DriverBroadcast(self, value)
 
-    def serve(self, rdd: JobRdd, call_site: str) -> Any:
-        """Run the job that collects ``rdd`` and return the socket its results are served on
-        (``PythonRDD.collectAndServe``), the job named ``call_site`` in Spark's UI."""
+    def serve(self, rdd: JobRdd, call_site: str, partitions: list[int] | None = None) -> Any:
+        """Run the job that collects ``rdd`` (only ``partitions``, when given) and return the
+        socket its results are served on (``PythonRDD.collectAndServe``, or ``runJob``), the
+        job named ``call_site`` in Spark's UI."""
         jsc = self.sc._jsc
         jsc.setCallSite(call_site)
         try:
-            return self._collect_and_serve(rdd.jrdd)
+            if partitions is None:
+                return self._collect_and_serve(rdd.jrdd)
+            return self._python_rdd.runJob(jsc.sc(), rdd.jrdd.toJavaRDD(),
+                                           self._to_list([int(p) for p in partitions]))
         finally:
             jsc.setCallSite(None)
 

@@ -17,7 +17,6 @@ import logging
 from typing import Callable, TypeVar
 
 from ...errors import SparkdlError
-from ...runners.cached_rdd import driver_memory_reason
 from ...runners.interface import DataHandle, IterationRunner
 
 __all__ = ["MAX_REBUILDS", "run_with_recovery", "ExecutorMemoryError", "DriverMemoryError"]
@@ -57,13 +56,10 @@ def run_with_recovery(runner: IterationRunner, data: DataHandle, job: Callable[[
         try:
             result = job()
         except Exception as exc:
-            driver = driver_memory_reason(exc)
+            driver = runner.driver_failure(exc)
             if driver is not None:
-                raise DriverMemoryError(
-                    f"{what}: the driver ran out of memory ({driver}); the executors' data is "
-                    "intact and nothing was rebuilt. Give the driver more memory: "
-                    "spark.driver.memory (its JVM heap holds the collected gradient and the "
-                    "weights' broadcast).") from exc
+                raise DriverMemoryError(f"{what}: {driver} Nothing was rebuilt: the executors' "
+                                        "data is not at fault.") from exc
             reason = runner.lost_data_reason(exc)
             memory = runner.memory_kill_reason(exc)
             if memory is not None:

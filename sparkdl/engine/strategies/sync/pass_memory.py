@@ -20,9 +20,14 @@ within each:
     address-space limit; a worker above it fails with a MemoryError. Hard, as above.
 ``spark.driver.memory`` (default 1g)
     The task results pass through the driver's heap. 128 MiB of results per iteration ran a
-    1 GiB heap out of memory (bench/allreduce_crossover.py), so a pass takes in at most an eighth
-    of the heap per iteration. Soft: a pass above it is split, a fit that alone is above it
-    trains on and the log warns (a single fit's intake is what the fit alone would take in).
+    1 GiB heap out of memory (bench/allreduce_crossover.py), so a job hands the driver at most
+    an eighth of the heap. Hard, as above.
+
+On the shuffle path a large vector's sums reach the driver in several jobs of at most
+:func:`~sparkdl.transport.allreduce.driver_job_bytes` each (an eighth of the heap, half of
+``spark.driver.maxResultSize``), so neither setting bounds the model there; on the driver path
+every partition's whole vector comes in one job, and a fit above either bound is refused (use
+the shuffle path).
 
 Under Spark Connect (:mod:`sparkdl.runners.connect_dataframe`) none of these apply; there a
 job's function carries each fit's model and weights unless they travel as files through
@@ -45,8 +50,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ....errors import InvalidArgumentError
+from ....spark_settings import DRIVER_JOB_BYTES, spark_bytes
 from ....executor.exchange import CLOSURE_MAX_BYTES, FILE_ABOVE_BYTES
-from ....transport.allreduce import choose_allreduce
+from ....transport.allreduce import (DRIVER_HEAP_SHARE, choose_allreduce, driver_job_bytes,
+                                        job_intake)
 from ....transport.flat_layout import ParamLayout
 
 __all__ = ["Footprint", "Budget", "footprint", "budgets", "closure_budget", "plan_passes",
@@ -55,8 +62,6 @@ __all__ = ["Footprint", "Budget", "footprint", "budgets", "closure_budget", "pla
 log = logging.getLogger("sparkdl")
 
 _MIB = 1 << 20
-DRIVER_HEAP_SHARE = 8
-"""A pass's task results per iteration stay within ``spark.driver.memory`` / this."""
 _RESULT_SLACK = 1.05
 """Pickled task results (and their reports) are a little larger than their raw vectors."""
 
@@ -93,21 +98,6 @@ class Budget:
 
     def needs(self, fits: Sequence[Footprint]) -> int:
         return self.measure(fits)
-
-
-def spark_bytes(value: str, default_unit: str = "m") -> int:
-    """A Spark size setting ("512m", "1g", "2048") in bytes; a bare number is in
-    ``default_unit`` (Spark's unit for that setting)."""
-    text = value.strip().lower()
-    units = {"b": 0, "k": 10, "m": 20, "g": 30, "t": 40, "p": 50}
-    if text.endswith("b") and len(text) > 1 and text[-2] in units:
-        text = text[:-1]
-    unit = text[-1] if text and text[-1] in units else default_unit
-    number = text[:-1] if text and text[-1] in units else text
-    try:
-        return int(number) << units[unit]
-    except ValueError:
-        raise InvalidArgumentError(f"cannot read the Spark size {value!r}") from None
 
 
 def _optimizer_state_bytes(optimizer: Any) -> int:
@@ -148,12 +138,16 @@ def footprint(fit: Any, layout: ParamLayout) -> Footprint:
                      _optimizer_state_bytes(fit.optimizer))
 
 
-def _intake(path: str, num_partitions: int) -> Callable[[Sequence[Footprint]], int]:
-    """The driver's intake of task results per iteration of a pass of these fits."""
+def _intake(path: str, num_partitions: int, job_bytes: int | None
+            ) -> Callable[[Sequence[Footprint]], int]:
+    """The driver's intake of task results per job of a pass of these fits."""
     def measure(fits: Sequence[Footprint]) -> int:
         vector = sum(f.vector for f in fits)
-        chosen = choose_allreduce(vector, num_partitions) if path == "auto" else path
-        return int(_RESULT_SLACK * vector * (num_partitions if chosen == "driver" else 1))
+        chosen = (choose_allreduce(vector, num_partitions, job_bytes) if path == "auto"
+                  else path)
+        intake = job_intake(vector, chosen, num_partitions, None, job_bytes)
+        # the driver path's whole pickled vectors; the shuffle's jobs are cut to job_bytes
+        return int(_RESULT_SLACK * intake) if chosen == "driver" else intake
     return measure
 
 
@@ -166,18 +160,30 @@ def budgets(setting: Callable[[str], str | None], allreduce: str,
     """The bounds on a pass from Spark's settings (``setting(key)``: the value or None), for
     fits on the ``allreduce`` path over ``num_partitions`` partitions."""
     out: list[Budget] = []
-    intake = _intake(allreduce, num_partitions)
     result = setting("spark.driver.maxResultSize") or "1g"
+    heap = setting("spark.driver.memory") or "1g"
+    chosen = setting(DRIVER_JOB_BYTES)
+    job_bytes = driver_job_bytes(spark_bytes(heap), spark_bytes(result, "b"),
+                                 spark_bytes(chosen, "b") if chosen else None)
+    intake = _intake(allreduce, num_partitions, job_bytes)
     hint = ("" if allreduce != "driver" else
-            ", or use allreduce=\"shuffle\" (the driver takes in the summed vector once, not "
-            "every partition's)")
+            ", or use allreduce=\"shuffle\" (its sums reach the driver in jobs that stay "
+            "within both settings)")
     if spark_bytes(result, "b") > 0:
         out.append(Budget("spark.driver.maxResultSize", result, spark_bytes(result, "b"),
                           "task results per job at the driver", True, intake, hint))
-    heap = setting("spark.driver.memory") or "1g"
-    out.append(Budget("spark.driver.memory", heap, spark_bytes(heap) // DRIVER_HEAP_SHARE,
-                      f"task results per iteration at the driver (1/{DRIVER_HEAP_SHARE} of its "
-                      "heap)", False, intake))
+    if chosen:      # the user's share of the heap, refused only above the heap itself
+        if job_bytes > spark_bytes(heap):
+            raise InvalidArgumentError(
+                f"{DRIVER_JOB_BYTES}={chosen} is more than the driver's heap "
+                f"(spark.driver.memory={heap}): no job's results could arrive. Lower it or "
+                "raise spark.driver.memory; nothing has run yet.")
+        out.append(Budget(DRIVER_JOB_BYTES, chosen, job_bytes, "task results per job at the "
+                          "driver", True, intake, hint))
+    else:
+        out.append(Budget("spark.driver.memory", heap, spark_bytes(heap) // DRIVER_HEAP_SHARE,
+                          f"task results per job at the driver (1/{DRIVER_HEAP_SHARE} of its "
+                          "heap)", True, intake, hint))
     python = setting("spark.executor.pyspark.memory")
     if python:
         cores = int(setting("spark.executor.cores") or "1")
@@ -218,10 +224,10 @@ def plan_passes(group: Sequence[int], fits: Sequence[Footprint],
             if budget.needs([fp]) > budget.bytes:
                 if budget.hard:
                     raise _refusal(k, fp, budget)
-                log.warning("fit %d alone takes in about %.1f MiB of %s, above %s=%s / %d: it "
-                            "trains in a pass of its own (raise the setting if the driver "
-                            "runs out of memory)", k, budget.needs([fp]) / _MIB, budget.what,
-                            budget.setting, budget.value, DRIVER_HEAP_SHARE)
+                log.warning("fit %d alone needs about %.1f MiB of %s, above the %.1f MiB "
+                            "%s=%s allows: it trains in a pass of its own", k,
+                            budget.needs([fp]) / _MIB, budget.what, budget.bytes / _MIB,
+                            budget.setting, budget.value)
     passes: list[list[int]] = []
     current: list[int] = []
     current_fp: list[Footprint] = []

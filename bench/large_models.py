@@ -1,0 +1,247 @@
+"""Large models on local[2]: per-iteration time against model size, and the largest model that
+trains, for sparkdl sync, sparkdl rounds (H = 16) and TorchDistributor (2 gloo ranks, DDP), at a
+given driver heap (issue "Large models").
+
+Every measurement runs in a process of its own (its own JVM, with ``spark.driver.memory`` set to
+``--heap`` and Spark's default ``spark.driver.maxResultSize``), under a time limit; a run that
+fails prints why (the sparkdl error's class, or the time limit). Models:
+
+* ``mlp``: 256 -> hidden -> 256 (ReLU), MSE on random data, SGD (lr 1e-3); about 512 x hidden
+  parameters. Global batch 64.
+* ``transformer``: a GPT-2 from a ``transformers`` config (n_embd 1024, 16 heads, vocabulary
+  8192, 64 tokens), the number of layers setting the size; next-token cross-entropy, SGD.
+  Global batch 8 sequences.
+
+Per-iteration time: the median gap between consecutive iterations after the first two (rounds:
+a round's time over its H iterations). Samples per second: the global batch over it.
+
+    python bench/large_models.py curve --heap 2g --sizes 20 80 300 --runners sync rounds td
+    python bench/large_models.py largest --heap 2g --kind mlp --runners sync rounds td \\
+        --sizes 300 450 600 800
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+PARTITIONS = 2
+LOCAL_STEPS = 16
+D = 256
+VOCAB, SEQ, EMBD = 8192, 64, 1024
+
+
+def make_model(kind: str, millions: float) -> nn.Module:
+    torch.manual_seed(0)
+    if kind == "mlp":
+        hidden = int(millions * 1e6 / (2 * D))
+        return nn.Sequential(nn.Linear(D, hidden), nn.ReLU(), nn.Linear(hidden, D))
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    per_layer = 12 * EMBD * EMBD
+    layers = max(1, round((millions * 1e6 - VOCAB * EMBD) / per_layer))
+    config = GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=EMBD, n_layer=layers,
+                        n_head=16, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+
+    class Logits(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm = GPT2LMHeadModel(config)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.lm(input_ids=ids).logits.reshape(-1, VOCAB)
+
+    return Logits()
+
+
+def batch_and_data(kind: str) -> tuple[int, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    if kind == "mlp":
+        x = rng.standard_normal((64 * 8, D)).astype(np.float32)
+        return 64, x, (0.5 * x).astype(np.float32)
+    ids = rng.integers(0, VOCAB, (8 * 8, SEQ + 1))
+    return 8, ids[:, :-1].astype(np.int64), ids[:, 1:].astype(np.int64)
+
+
+def criterion(kind: str) -> Any:
+    if kind == "mlp":
+        return nn.MSELoss()
+    return lambda logits, y: nn.functional.cross_entropy(logits, y.reshape(-1))
+
+
+def per_iteration(stamps: list[float], per: int = 1) -> float:
+    gaps = [(b - a) / per for a, b in zip(stamps[1:], stamps[2:])] or \
+        [(stamps[-1] - stamps[0]) / per]
+    return statistics.median(gaps)
+
+
+# ------------------------------------------------------------------------------ one measurement
+def measure_sparkdl(args: Any) -> dict[str, Any]:
+    from sparkdl import DistriOptimizer
+    from sparkdl.spark_settings import spark_session
+    from sparkdl.triggers import MaxIteration, Trigger
+
+    spark = spark_session("large models", "local[2]", {"spark.driver.memory": args.heap,
+                                                        "spark.ui.enabled": "false"})
+    spark.sparkContext.setLogLevel("OFF")
+    batch, x, y = batch_and_data(args.kind)
+    rdd = spark.sparkContext.parallelize(list(zip(x, y)), PARTITIONS)
+    model = make_model(args.kind, args.millions)
+    rounds = args.runner == "rounds"
+    iterations = 3 * LOCAL_STEPS if rounds else args.iterations
+    stamps: list[float] = []
+    seen: set[int] = set()
+
+    class Stamp(Trigger):
+        def __call__(self, state: Any) -> bool:
+            if state.iteration not in seen:
+                seen.add(state.iteration)
+                stamps.append(time.perf_counter())
+            return MaxIteration(iterations)(state)
+
+    fit = DistriOptimizer(model, rdd, criterion(args.kind),
+                          torch.optim.SGD(model.parameters(), lr=1e-3), batch_size=batch,
+                          end_trigger=Stamp(), seed=1, progress_bar=False,
+                          local_steps=LOCAL_STEPS if rounds else 1,
+                          outer_optimizer="average" if rounds else None)
+    fit.optimize()
+    if rounds:       # one stamp per iteration, all at a round's end: rounds' ends
+        ends = stamps[LOCAL_STEPS - 1::LOCAL_STEPS]
+        seconds = per_iteration(ends, LOCAL_STEPS) if len(ends) > 2 else \
+            (ends[-1] - ends[0]) / (LOCAL_STEPS * (len(ends) - 1))
+    else:
+        seconds = per_iteration(stamps)
+    spark.stop()
+    return {"per_iteration_s": seconds, "samples_per_s": batch / seconds}
+
+
+def _ddp(kind: str, millions: float, iterations: int, path: str) -> list[float]:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    data = np.load(path)
+    x, y = torch.from_numpy(data["x"]), torch.from_numpy(data["y"])
+    net = DistributedDataParallel(make_model(kind, millions))
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+    loss_fn = criterion(kind)
+    local = int(data["batch"]) // PARTITIONS
+    stamps = []
+    for t in range(iterations):
+        lo = (t * PARTITIONS + rank) * local % len(x)
+        opt.zero_grad()
+        loss_fn(net(x[lo:lo + local]), y[lo:lo + local]).backward()
+        opt.step()
+        stamps.append(time.perf_counter())
+    dist.destroy_process_group()
+    return stamps
+
+
+def measure_td(args: Any) -> dict[str, Any]:
+    from pyspark.ml.torch.distributor import TorchDistributor
+    from sparkdl.spark_settings import spark_session
+
+    spark = spark_session("large models (TorchDistributor)", "local[2]",
+                          {"spark.driver.memory": args.heap, "spark.ui.enabled": "false"})
+    spark.sparkContext.setLogLevel("OFF")
+    batch, x, y = batch_and_data(args.kind)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "data.npz")
+        np.savez(path, x=x, y=y, batch=batch)
+        stamps = TorchDistributor(num_processes=PARTITIONS, local_mode=True,
+                                  use_gpu=False).run(_ddp, args.kind, args.millions,
+                                                     args.iterations, path)
+    seconds = per_iteration(stamps)
+    return {"per_iteration_s": seconds, "samples_per_s": batch / seconds}
+
+
+def measure(args: Any) -> None:
+    started = time.perf_counter()
+    try:
+        row = (measure_td if args.runner == "td" else measure_sparkdl)(args)
+        row["ok"] = True
+    except Exception as exc:
+        row = {"ok": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+    row["wall_s"] = time.perf_counter() - started
+    print("RESULT " + json.dumps(row), flush=True)
+    os._exit(0)       # TorchDistributor's gloo ranks may leave threads behind
+
+
+def run_one(runner: str, kind: str, millions: float, heap: str, iterations: int,
+            timeout: float) -> dict[str, Any]:
+    cmd = [sys.executable, os.path.abspath(__file__), "measure", "--runner", runner, "--kind",
+           kind, "--millions", str(millions), "--heap", heap, "--iterations", str(iterations)]
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                              start_new_session=True)
+    except subprocess.TimeoutExpired:
+        subprocess.run(["pkill", "-f", "torch.distributed.run"], check=False)
+        return {"ok": False, "error": f"no result in {timeout:.0f} s"}
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    if not lines:
+        return {"ok": False, "error": f"exit {proc.returncode}: "
+                                      f"{(proc.stderr.strip().splitlines() or [''])[-1][:200]}"}
+    return json.loads(lines[-1][7:])
+
+
+def show(rows: list[dict[str, Any]]) -> None:
+    print("| runner | model | M params | heap | per iteration (s) | samples/s | outcome |")
+    print("|---|---|---:|---|---:|---:|---|")
+    for r in rows:
+        ok = r["ok"]
+        print(f"| {r['runner']} | {r['kind']} | {r['millions']:g} | {r['heap']} | "
+              f"{r['per_iteration_s']:.2f} | {r['samples_per_s']:.1f} | trains |" if ok else
+              f"| {r['runner']} | {r['kind']} | {r['millions']:g} | {r['heap']} | - | - | "
+              f"{r['error']} |", flush=True)
+
+
+def sweep(args: Any, stop_at_failure: bool) -> None:
+    rows = []
+    for runner in args.runners:
+        for millions in args.sizes:
+            row = run_one(runner, args.kind, millions, args.heap, args.iterations, args.timeout)
+            row.update(runner=runner, kind=args.kind, millions=millions, heap=args.heap)
+            rows.append(row)
+            show([row])
+            if stop_at_failure and not row["ok"]:
+                break
+    print()
+    show(rows)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("command", choices=["curve", "largest", "measure"])
+    p.add_argument("--runner", default="sync")
+    p.add_argument("--runners", nargs="+", default=["sync", "rounds", "td"])
+    p.add_argument("--kind", default="mlp", choices=["mlp", "transformer"])
+    p.add_argument("--millions", type=float, default=20)
+    p.add_argument("--sizes", type=float, nargs="+", default=[20, 80, 300])
+    p.add_argument("--heap", default="2g")
+    p.add_argument("--iterations", type=int, default=5)
+    p.add_argument("--timeout", type=float, default=900)
+    args = p.parse_args()
+    if args.command == "measure":
+        measure(args)
+    else:
+        sweep(args, stop_at_failure=args.command == "largest")
+
+
+if __name__ == "__main__":
+    main()

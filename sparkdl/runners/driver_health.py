@@ -1,0 +1,161 @@
+"""Whether a failed job failed because the driver ran out of memory, and a watch for the one
+driver failure Spark itself never reports: a result-fetching thread dying (driver side).
+
+A job's results pass through the driver's JVM. When it runs out of heap:
+
+* in the thread that called it (collecting results, making a broadcast), the py4j call raises
+  ``java.lang.OutOfMemoryError``;
+* on a ``local`` master the tasks run in the driver's JVM too: Spark's handler then exits the
+  JVM (exit code 52), every later call fails, and the job's error says the SparkContext was
+  shut down;
+* in a ``task-result-getter`` thread, which deserialises the tasks' results, the thread dies and
+  the job never ends (Spark catches only non-fatal errors there).
+
+:class:`DriverHealth` tells these apart from an executor's memory (which a rebuild of the
+shards may help) for :func:`sparkdl.engine.fit.recovery.run_with_recovery`, and its watch thread
+looks every :data:`WATCH_SECONDS` at the result-getter threads: when one is gone it cancels the
+running jobs, so that the fit ends with an error naming the driver instead of waiting forever.
+
+Example::
+
+    health = DriverHealth(sc)
+    health.watch()                       # while the fit's jobs run
+    try:
+        run_the_job()
+    except Exception as exc:
+        reason = health.failure(exc)     # "the driver's JVM ran out of heap ...", or None
+    health.stop()
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from .cached_rdd import driver_memory_reason
+
+__all__ = ["DriverHealth", "driver_heap_failure", "WATCH_SECONDS", "SPARK_OOM_EXIT_CODE"]
+
+log = logging.getLogger(__name__)
+
+WATCH_SECONDS = 2.0
+"""How often the watch looks at the result-getter threads."""
+
+SPARK_OOM_EXIT_CODE = 52
+"""The exit code of a Spark JVM whose handler saw an ``OutOfMemoryError``."""
+
+_GETTER = "task-result-getter"
+_SHUT_DOWN = ("SparkContext was shut down", "SparkContext has been shutdown",
+              "Cannot call methods on a stopped SparkContext")
+_ADVICE = ("Give the driver more memory: spark.driver.memory (its JVM heap holds the tasks' "
+           "results and the weights' broadcast pieces while they pass through)")
+
+
+def driver_heap_failure(exc: BaseException, local: bool = False) -> str | None:
+    """Why ``exc`` says the driver's JVM ran out of heap (in the call itself; or, on a ``local``
+    master, in a task, which runs in that JVM), naming the setting to raise; else None."""
+    own = driver_memory_reason(exc)
+    if own is not None:
+        return f"the driver's JVM ran out of heap ({own}). {_ADVICE}."
+    if local and "java.lang.OutOfMemoryError" in str(exc):
+        return ("a task ran the driver's JVM out of heap (on a local master the tasks run in "
+                f"the driver's JVM). {_ADVICE}.")
+    return None
+
+
+class DriverHealth:
+    """The driver-side memory failures of one SparkContext (see the module docstring)."""
+
+    def __init__(self, sc: Any) -> None:
+        self.sc = sc
+        master = str(sc.master)
+        self.local = master.startswith("local") and not master.startswith("local-cluster")
+        self._threads: dict[str, Any] = {}
+        self._dead: str | None = None
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    # ------------------------------------------------------------------------- classification
+    def jvm_exit(self, wait: float = 0.0) -> int | None:
+        """The exit code of the driver's JVM when it was started by this Python process and has
+        exited (waiting up to ``wait`` seconds for it), else None."""
+        proc = getattr(getattr(self.sc, "_gateway", None), "proc", None)
+        if proc is None:
+            return None
+        try:
+            return proc.wait(timeout=wait) if wait else proc.poll()
+        except Exception:        # still running
+            return None
+
+    def failure(self, exc: BaseException) -> str | None:
+        """Why ``exc`` (a job's error) is the driver's memory, in words naming the setting to
+        raise, or None when it is not the driver's."""
+        text = str(exc)
+        if self._dead is not None:
+            return (f"the driver's {self._dead}: a job's results could never arrive, so its jobs "
+                    f"were cancelled. {_ADVICE}.")
+        stopping = any(marker in text for marker in _SHUT_DOWN) and self._stopped()
+        code = self.jvm_exit(wait=10.0 if stopping else 0.0)   # a JVM exiting: its code
+        if code is not None:
+            why = (" after an OutOfMemoryError (Spark's exit code 52)"
+                   if code == SPARK_OOM_EXIT_CODE else "")
+            return f"the driver's JVM exited with code {code}{why}. {_ADVICE}."
+        reason = driver_heap_failure(exc, self.local)
+        if reason is not None:
+            return reason
+        if stopping:
+            return ("the SparkContext stopped during the fit (the driver's log says why; the "
+                    "driver's JVM running out of heap is the usual cause). " + _ADVICE + ".")
+        return None
+
+    def _stopped(self) -> bool:
+        try:
+            return bool(self.sc._jsc.sc().isStopped())
+        except Exception:        # the JVM is gone
+            return True
+
+    # ------------------------------------------------------------------------- the watch
+    def watch(self) -> None:
+        """Start the watch thread (once)."""
+        if self._watcher is not None:
+            return
+        self._watcher = threading.Thread(target=self._run, name="sparkdl-driver-watch",
+                                         daemon=True)
+        self._watcher.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        looked = 0
+        while not self._stop.wait(WATCH_SECONDS):
+            try:
+                gone = [name for name, thread in self._threads.items() if not thread.isAlive()]
+                if looked % 5 == 0:          # new threads: every 5th look (py4j calls per thread)
+                    gone += self._find_getters()
+                looked += 1
+            except Exception:          # the context stopped: nothing more to watch
+                return
+            if gone:
+                self._dead = (f"result-fetching thread {gone[0]} died (almost always of a "
+                              "java.lang.OutOfMemoryError: the driver's log has it)")
+                log.error("%s; cancelling the running jobs, which would wait for its result "
+                          "forever", self._dead)
+                try:
+                    self.sc.cancelAllJobs()
+                except Exception:
+                    pass
+                return
+
+    def _find_getters(self) -> list[str]:
+        """Add the result-getter threads alive now; the names of any that were started and
+        died unseen (their pool names threads with consecutive numbers from 0)."""
+        threads = self.sc._jvm.java.lang.Thread.getAllStackTraces().keySet().toArray()
+        for thread in threads:
+            name = thread.getName()
+            if name.startswith(_GETTER) and name not in self._threads:
+                self._threads[name] = thread
+        numbers = {int(n.rsplit("-", 1)[1]) for n in self._threads
+                   if n.rsplit("-", 1)[1].isdigit()}
+        return [f"{_GETTER}-{k}" for k in range(max(numbers, default=-1)) if k not in numbers]

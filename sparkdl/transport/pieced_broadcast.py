@@ -1,0 +1,114 @@
+"""Large values broadcast in pieces, so that no single object in the driver's JVM grows with them.
+
+A pyspark broadcast reaches the executors through the driver's JVM: Spark's torrent broadcast
+reads the whole pickled value into the JVM heap to cut it into its 4 MiB blocks, and an executor
+assembles the whole value in its heap again before handing it to the Python workers. A model's
+weights (and a local round's optimizer states, a model bundle) can be larger than either heap.
+:func:`pieced_broadcast` sends a value above :data:`PIECE_BYTES` as many broadcasts of at most
+that many bytes each: a JVM then holds one piece at a time while it cuts or assembles it, and
+the pieces it keeps are ordinary storage blocks (``MEMORY_AND_DISK``: spilled to disk when the
+heap is wanted). The task reads :attr:`PiecedValue.value`: the pieces are copied into buffers of
+the value's size and unpickled from them (numpy arrays are pickled out of band, so they are
+rebuilt on those buffers without another copy), and each piece's own copy in the Python worker
+is dropped as soon as it is read.
+
+Example::
+
+    handle = pieced_broadcast(sc.broadcast, {"weights": big_array})   # 3 GB: 96 broadcasts
+    task reads handle.value["weights"]                               # the same array
+    handle.destroy(blocking=False)                                    # every piece
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from typing import Any, Callable
+
+__all__ = ["PIECE_BYTES", "PiecedValue", "pieced_broadcast"]
+
+log = logging.getLogger(__name__)
+
+PIECE_BYTES = 32 << 20
+"""The largest broadcast :func:`pieced_broadcast` makes (and the largest block a large vector's
+AllReduce hands the driver: :mod:`sparkdl.transport.allreduce`)."""
+
+
+class PiecedValue:
+    """A value sent as pieces (see the module docstring): ``.value`` in a task, ``destroy()`` on
+    the driver, as a pyspark ``Broadcast``.
+
+    ``segments``: the byte length of the pickle stream and of each out-of-band buffer (a
+    ``raw`` value: one segment, the value's own bytes); ``places``: for each piece, its segment
+    and offset there."""
+
+    def __init__(self, pieces: list[Any], segments: list[int], places: list[tuple[int, int]],
+                 raw: bool) -> None:
+        self.pieces, self.segments, self.places, self.raw = pieces, segments, places, raw
+        self._value: Any = None
+        self._read = False
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.segments)
+
+    @property
+    def value(self) -> Any:
+        if not self._read:
+            buffers = [bytearray(n) for n in self.segments]
+            for (segment, offset), piece in zip(self.places, self.pieces):
+                data = memoryview(piece.value).cast("B")
+                memoryview(buffers[segment])[offset:offset + len(data)] = data
+                _forget(piece)
+            if self.raw:
+                self._value = buffers[0]
+            else:
+                self._value = pickle.loads(buffers[0], buffers=buffers[1:])
+            self._read = True
+        return self._value
+
+    def destroy(self, blocking: bool = False) -> None:
+        for piece in self.pieces:
+            piece.destroy(blocking=blocking)
+
+    def unpersist(self, blocking: bool = False) -> None:
+        for piece in self.pieces:
+            piece.unpersist(blocking=blocking)
+
+    def __getstate__(self) -> dict[str, Any]:       # a task gets the pieces, never the value
+        return {"pieces": self.pieces, "segments": self.segments, "places": self.places,
+                "raw": self.raw}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["pieces"], state["segments"], state["places"], state["raw"])
+
+
+def _forget(piece: Any) -> None:
+    """Drop a read piece's value from this Python worker (pyspark keeps a broadcast's value for
+    the worker's life; it is read again from its file if ever asked for)."""
+    if getattr(piece, "_path", None) is not None and "_value" in piece.__dict__:
+        del piece.__dict__["_value"]
+
+
+def pieced_broadcast(broadcast: Callable[[Any], Any], value: Any,
+                     piece_bytes: int = PIECE_BYTES) -> Any:
+    """``broadcast(value)`` when ``value`` pickles to at most ``piece_bytes``, else a
+    :class:`PiecedValue` of broadcasts of at most ``piece_bytes`` each. ``bytes``-like values
+    travel as their own bytes and read back as a ``bytearray`` of them."""
+    raw = isinstance(value, (bytes, bytearray, memoryview))
+    if raw:
+        segments = [memoryview(value).cast("B")]
+    else:
+        buffers: list[pickle.PickleBuffer] = []
+        stream = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+        segments = [memoryview(stream)] + [b.raw() for b in buffers]
+    total = sum(len(s) for s in segments)
+    if total <= piece_bytes:
+        return broadcast(value)
+    pieces, places = [], []
+    for k, segment in enumerate(segments):
+        for offset in range(0, len(segment), piece_bytes):
+            pieces.append(broadcast(bytes(segment[offset:offset + piece_bytes])))
+            places.append((k, offset))
+    log.debug("a %.1f MiB value broadcast in %d pieces", total / 2**20, len(pieces))
+    return PiecedValue(pieces, [len(s) for s in segments], places, raw)
