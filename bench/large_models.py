@@ -13,7 +13,8 @@ fails prints why (the sparkdl error's class, or the time limit). Models:
   Global batch 8 sequences.
 
 Per-iteration time: the median gap between consecutive iterations after the first two (rounds:
-a round's time over its H iterations). Samples per second: the global batch over it.
+the second round's time over its H iterations). Samples per second: the global batch over it.
+Each run's peak memory (the machine's, sampled) is reported beside it.
 
     python bench/large_models.py curve --heap 2g --sizes 20 80 300 --runners sync rounds td
     python bench/large_models.py largest --heap 2g --kind mlp --runners sync rounds td \\
@@ -101,7 +102,7 @@ def measure_sparkdl(args: Any) -> dict[str, Any]:
     rdd = spark.sparkContext.parallelize(list(zip(x, y)), PARTITIONS)
     model = make_model(args.kind, args.millions)
     rounds = args.runner == "rounds"
-    iterations = 3 * LOCAL_STEPS if rounds else args.iterations
+    iterations = 2 * LOCAL_STEPS if rounds else args.iterations
     stamps: list[float] = []
     seen: set[int] = set()
 
@@ -119,9 +120,8 @@ def measure_sparkdl(args: Any) -> dict[str, Any]:
                           outer_optimizer="average" if rounds else None)
     fit.optimize()
     if rounds:       # one stamp per iteration, all at a round's end: rounds' ends
-        ends = stamps[LOCAL_STEPS - 1::LOCAL_STEPS]
-        seconds = per_iteration(ends, LOCAL_STEPS) if len(ends) > 2 else \
-            (ends[-1] - ends[0]) / (LOCAL_STEPS * (len(ends) - 1))
+        ends = stamps[LOCAL_STEPS - 1::LOCAL_STEPS]       # the second round's time / H
+        seconds = (ends[-1] - ends[0]) / (LOCAL_STEPS * (len(ends) - 1))
     else:
         seconds = per_iteration(stamps)
     spark.stop()
@@ -182,33 +182,59 @@ def measure(args: Any) -> None:
     os._exit(0)       # TorchDistributor's gloo ranks may leave threads behind
 
 
+def _available_gib() -> float:
+    with open("/proc/meminfo") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return int(fields["MemAvailable"].split()[0]) / 2**20
+
+
 def run_one(runner: str, kind: str, millions: float, heap: str, iterations: int,
             timeout: float) -> dict[str, Any]:
+    """One measurement in a process of its own; ``peak_gib``: the most memory the machine had in
+    use beyond what it had before the run (sampled every 0.2 s)."""
     cmd = [sys.executable, os.path.abspath(__file__), "measure", "--runner", runner, "--kind",
            kind, "--millions", str(millions), "--heap", heap, "--iterations", str(iterations)]
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
-                              start_new_session=True)
-    except subprocess.TimeoutExpired:
-        subprocess.run(["pkill", "-f", "torch.distributed.run"], check=False)
-        return {"ok": False, "error": f"no result in {timeout:.0f} s"}
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    before = _available_gib()
+    lowest = before
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env,
+                                start_new_session=True)
+        deadline = time.time() + timeout
+        while proc.poll() is None and time.time() < deadline:
+            lowest = min(lowest, _available_gib())
+            time.sleep(0.2)
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            subprocess.run(["pkill", "-9", "-f", "torch.distributed.run"], check=False)
+            return {"ok": False, "error": f"no result in {timeout:.0f} s",
+                    "peak_gib": before - lowest}
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
     if not lines:
         return {"ok": False, "error": f"exit {proc.returncode}: "
-                                      f"{(proc.stderr.strip().splitlines() or [''])[-1][:200]}"}
-    return json.loads(lines[-1][7:])
+                                      f"{(stderr.strip().splitlines() or [''])[-1][:200]}",
+                "peak_gib": before - lowest}
+    row = json.loads(lines[-1][7:])
+    row["peak_gib"] = before - lowest
+    return row
 
 
 def show(rows: list[dict[str, Any]]) -> None:
-    print("| runner | model | M params | heap | per iteration (s) | samples/s | outcome |")
-    print("|---|---|---:|---|---:|---:|---|")
+    print("| runner | model | M params | heap | per iteration (s) | samples/s | peak GiB "
+          "| outcome |")
+    print("|---|---|---:|---|---:|---:|---:|---|")
     for r in rows:
-        ok = r["ok"]
-        print(f"| {r['runner']} | {r['kind']} | {r['millions']:g} | {r['heap']} | "
-              f"{r['per_iteration_s']:.2f} | {r['samples_per_s']:.1f} | trains |" if ok else
-              f"| {r['runner']} | {r['kind']} | {r['millions']:g} | {r['heap']} | - | - | "
-              f"{r['error']} |", flush=True)
+        head = f"| {r['runner']} | {r['kind']} | {r['millions']:g} | {r['heap']} | "
+        peak = f"{r.get('peak_gib', 0):.1f}"
+        if r["ok"]:
+            print(head + f"{r['per_iteration_s']:.2f} | {r['samples_per_s']:.1f} | {peak} | "
+                  "trains |", flush=True)
+        else:
+            print(head + f"- | - | {peak} | {r['error']} |", flush=True)
 
 
 def sweep(args: Any, stop_at_failure: bool) -> None:

@@ -117,19 +117,20 @@ class DriverHealth:
 
     # ------------------------------------------------------------------------- the watch
     def watch(self) -> None:
-        """Start the watch thread (once)."""
-        if self._watcher is not None:
+        """Start the watch thread (again after :meth:`stop`; a running one is kept)."""
+        if self._watcher is not None and self._watcher.is_alive() and not self._stop.is_set():
             return
-        self._watcher = threading.Thread(target=self._run, name="sparkdl-driver-watch",
-                                         daemon=True)
+        self._stop = threading.Event()
+        self._watcher = threading.Thread(target=self._run, args=(self._stop,),
+                                         name="sparkdl-driver-watch", daemon=True)
         self._watcher.start()
 
     def stop(self) -> None:
         self._stop.set()
 
-    def _run(self) -> None:
+    def _run(self, stop: threading.Event) -> None:
         looked = 0
-        while not self._stop.wait(WATCH_SECONDS):
+        while not stop.wait(WATCH_SECONDS):
             try:
                 gone = [name for name, thread in self._threads.items() if not thread.isAlive()]
                 if looked % 5 == 0:          # new threads: every 5th look (py4j calls per thread)
