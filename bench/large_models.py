@@ -19,6 +19,7 @@ Each run's peak memory (the machine's, sampled) is reported beside it.
     python bench/large_models.py curve --heap 2g --sizes 20 80 300 --runners sync rounds td
     python bench/large_models.py largest --heap 2g --kind mlp --runners sync rounds td \\
         --sizes 300 450 600 800
+    python bench/large_models.py equal --millions 303 --heap 2g   # the issue's target
 """
 
 from __future__ import annotations
@@ -104,13 +105,13 @@ def measure_sparkdl(args: Any) -> dict[str, Any]:
     rounds = args.runner == "rounds"
     iterations = 2 * LOCAL_STEPS if rounds else args.iterations
     stamps: list[float] = []
-    seen: set[int] = set()
+    marks: list[tuple[int, float]] = []        # (iteration, when the trigger first saw it)
 
     class Stamp(Trigger):
         def __call__(self, state: Any) -> bool:
-            if state.iteration not in seen:
-                seen.add(state.iteration)
-                stamps.append(time.perf_counter())
+            if not marks or marks[-1][0] != state.iteration:
+                marks.append((state.iteration, time.perf_counter()))
+                stamps.append(marks[-1][1])
             return MaxIteration(iterations)(state)
 
     fit = DistriOptimizer(model, rdd, criterion(args.kind),
@@ -119,9 +120,11 @@ def measure_sparkdl(args: Any) -> dict[str, Any]:
                           local_steps=LOCAL_STEPS if rounds else 1,
                           outer_optimizer="average" if rounds else None)
     fit.optimize()
-    if rounds:       # one stamp per iteration, all at a round's end: rounds' ends
-        ends = stamps[LOCAL_STEPS - 1::LOCAL_STEPS]       # the second round's time / H
-        seconds = (ends[-1] - ends[0]) / (LOCAL_STEPS * (len(ends) - 1))
+    if rounds:       # the trigger sees a round's iterations at its end: the second round
+        ends = [(it, t) for k, (it, t) in enumerate(marks)
+                if k + 1 == len(marks) or marks[k + 1][1] - t > 1e-3]
+        (i0, t0), (i1, t1) = ends[-2], ends[-1]
+        seconds = (t1 - t0) / (i1 - i0)
     else:
         seconds = per_iteration(stamps)
     spark.stop()
@@ -251,9 +254,48 @@ def sweep(args: Any, stop_at_failure: bool) -> None:
     show(rows)
 
 
+def equal(args: Any) -> None:
+    """The issue's target: the MLP of ``--millions`` trained for 3 iterations of sparkdl sync
+    (SGD) on local[2] with ``--heap`` and Spark's default maxResultSize, then plain
+    single-process torch on the same union batches; prints the largest difference."""
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+    from models import max_abs_diff, reference_train
+    from sparkdl import DistriOptimizer
+    from sparkdl.data.batch_plan import BatchPlan
+    from sparkdl.spark_settings import spark_session
+    from sparkdl.triggers import MaxIteration
+
+    spark = spark_session("large models (equal)", "local[2]", {"spark.driver.memory": args.heap,
+                                                               "spark.ui.enabled": "false"})
+    spark.sparkContext.setLogLevel("OFF")
+    batch, x, y = batch_and_data("mlp")
+    sizes = [len(x) // PARTITIONS] * PARTITIONS
+    from models import make_rdd
+
+    rdd = make_rdd(spark.sparkContext, list(zip(x, y)), sizes)
+    model = make_model("mlp", args.millions)
+    initial_state = {k: v.clone() for k, v in model.state_dict().items()}
+    started = time.perf_counter()
+    DistriOptimizer(model, rdd, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=1e-3),
+                    batch_size=batch, end_trigger=MaxIteration(3), seed=1,
+                    progress_bar=False).optimize()
+    seconds = time.perf_counter() - started
+    spark.stop()
+    reference = make_model("mlp", args.millions)
+    reference.load_state_dict(initial_state)
+    del initial_state
+    expected = reference_train(reference, x, y, nn.MSELoss(),
+                               lambda m: torch.optim.SGD(m.parameters(), lr=1e-3),
+                               BatchPlan(sizes, batch, 1), 3)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"{params / 1e6:.1f} M parameters, heap {args.heap}: 3 iterations in {seconds:.0f} s, "
+          f"largest difference from single-process torch {max_abs_diff(model, expected):.3g}, "
+          f"largest change {max_abs_diff(model, reference):.3g}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("command", choices=["curve", "largest", "measure"])
+    p.add_argument("command", choices=["curve", "largest", "measure", "equal"])
     p.add_argument("--runner", default="sync")
     p.add_argument("--runners", nargs="+", default=["sync", "rounds", "td"])
     p.add_argument("--kind", default="mlp", choices=["mlp", "transformer"])
@@ -265,6 +307,8 @@ def main() -> None:
     args = p.parse_args()
     if args.command == "measure":
         measure(args)
+    elif args.command == "equal":
+        equal(args)
     else:
         sweep(args, stop_at_failure=args.command == "largest")
 

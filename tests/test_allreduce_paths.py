@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import logging
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -423,7 +425,7 @@ def test_large_values_are_broadcast_in_pieces_and_read_back_whole(sc):
     """Issue 54: a value above the piece size goes as broadcasts of at most that size (the
     driver's JVM cuts and executors assemble one at a time); a task reads the value itself,
     numpy arrays rebuilt on the assembled buffers, bytes as a bytearray."""
-    from sparkdl.transport.pieced_broadcast import PiecedValue, pieced_broadcast
+    from sparkdl.transport.pieced_broadcast import FileValue, PiecedValue, pieced_broadcast
     from sparkdl.transport.python_jobs import PythonJobs
 
     rng = np.random.default_rng(1)
@@ -454,3 +456,21 @@ def test_large_values_are_broadcast_in_pieces_and_read_back_whole(sc):
     assert rows == [(True, list(range(7)), "x" * 1000, "bytearray", True, list(range(7)))] * 2
     for h in (handle, raw_handle, small):
         h.destroy(blocking=True)
+    # on a local master the tasks run on the driver's machine: a large value is a file there,
+    # read by the tasks, nothing of it in the JVM (no broadcast at all), removed on destroy
+    made.clear()
+    handle = pieced_broadcast(broadcast, value, piece_bytes=64 << 10, local_dir=sc._temp_dir)
+    raw_handle = pieced_broadcast(broadcast, raw, piece_bytes=64 << 10, local_dir=sc._temp_dir)
+    assert isinstance(handle, FileValue) and not made
+    assert os.path.getsize(handle.path) == handle.nbytes
+
+    def read_files(_):
+        got, data = handle.value, raw_handle.value
+        yield got["w"].tobytes() == value["w"].tobytes(), got["note"], bytes(data) == raw
+
+    rows = sc.parallelize(range(2), 2).mapPartitions(read_files).collect()
+    assert rows == [(True, "x" * 1000, True)] * 2
+    handle.destroy()
+    raw_handle.destroy()
+    assert not os.path.exists(handle.path) and not os.path.exists(raw_handle.path)
+    assert PythonJobs.of(sc)._local_dir == sc._temp_dir         # the session's local[2]

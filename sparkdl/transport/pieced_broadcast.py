@@ -12,6 +12,13 @@ the value's size and unpickled from them (numpy arrays are pickled out of band, 
 rebuilt on those buffers without another copy), and each piece's own copy in the Python worker
 is dropped as soon as it is read.
 
+On a ``local[...]`` master the tasks run on the driver's machine, and a broadcast's pieces are
+kept in the driver's heap (its block manager stores them for remote executors there are none of)
+although the tasks read the value's file: there a large value is a :class:`FileValue` instead, a
+file under the context's temporary directory that the tasks read, and nothing of it enters the
+JVM (not under ``spark.io.encryption.enabled``, which keeps it encrypted through pyspark's own
+broadcast).
+
 Example::
 
     handle = pieced_broadcast(sc.broadcast, {"weights": big_array})   # 3 GB: 96 broadcasts
@@ -22,10 +29,12 @@ Example::
 from __future__ import annotations
 
 import logging
+import os
 import pickle
+import tempfile
 from typing import Any, Callable
 
-__all__ = ["PIECE_BYTES", "PiecedValue", "pieced_broadcast"]
+__all__ = ["PIECE_BYTES", "PiecedValue", "FileValue", "pieced_broadcast"]
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +69,7 @@ class PiecedValue:
                 data = memoryview(piece.value).cast("B")
                 memoryview(buffers[segment])[offset:offset + len(data)] = data
                 _forget(piece)
-            if self.raw:
-                self._value = buffers[0]
-            else:
-                self._value = pickle.loads(buffers[0], buffers=buffers[1:])
+            self._value = _unpickled(buffers, self.raw)
             self._read = True
         return self._value
 
@@ -83,6 +89,57 @@ class PiecedValue:
         self.__init__(state["pieces"], state["segments"], state["places"], state["raw"])
 
 
+def _unpickled(buffers: list[bytearray], raw: bool) -> Any:
+    return buffers[0] if raw else pickle.loads(buffers[0], buffers=buffers[1:])
+
+
+class FileValue:
+    """A value written to one file on the driver's machine, for tasks that run there (a local
+    master): ``.value`` reads it back as :class:`PiecedValue` does; ``destroy()`` removes the
+    file (driver side)."""
+
+    def __init__(self, path: str, segments: list[int], raw: bool) -> None:
+        self.path, self.segments, self.raw = path, segments, raw
+        self._value: Any = None
+        self._read = False
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.segments)
+
+    @property
+    def value(self) -> Any:
+        if not self._read:
+            buffers = [bytearray(n) for n in self.segments]
+            with open(self.path, "rb", buffering=0) as f:
+                for buffer in buffers:
+                    view, done = memoryview(buffer), 0
+                    while done < len(view):
+                        n = f.readinto(view[done:])
+                        if not n:
+                            raise EOFError(f"{self.path} ended early: it holds a value of "
+                                           f"{self.nbytes} bytes")
+                        done += n
+            self._value = _unpickled(buffers, self.raw)
+            self._read = True
+        return self._value
+
+    def destroy(self, blocking: bool = False) -> None:
+        try:
+            os.remove(self.path)
+        except FileNotFoundError:
+            pass
+
+    def unpersist(self, blocking: bool = False) -> None:
+        pass
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "segments": self.segments, "raw": self.raw}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"], state["segments"], state["raw"])
+
+
 def _forget(piece: Any) -> None:
     """Drop a read piece's value from this Python worker (pyspark keeps a broadcast's value for
     the worker's life; it is read again from its file if ever asked for)."""
@@ -91,10 +148,11 @@ def _forget(piece: Any) -> None:
 
 
 def pieced_broadcast(broadcast: Callable[[Any], Any], value: Any,
-                     piece_bytes: int = PIECE_BYTES) -> Any:
+                     piece_bytes: int = PIECE_BYTES, local_dir: str | None = None) -> Any:
     """``broadcast(value)`` when ``value`` pickles to at most ``piece_bytes``, else a
-    :class:`PiecedValue` of broadcasts of at most ``piece_bytes`` each. ``bytes``-like values
-    travel as their own bytes and read back as a ``bytearray`` of them."""
+    :class:`PiecedValue` of broadcasts of at most ``piece_bytes`` each, or with ``local_dir``
+    (the tasks run on this machine) a :class:`FileValue` there. ``bytes``-like values travel
+    as their own bytes and read back as a ``bytearray`` of them."""
     raw = isinstance(value, (bytes, bytearray, memoryview))
     if raw:
         segments = [memoryview(value).cast("B")]
@@ -105,6 +163,12 @@ def pieced_broadcast(broadcast: Callable[[Any], Any], value: Any,
     total = sum(len(s) for s in segments)
     if total <= piece_bytes:
         return broadcast(value)
+    if local_dir is not None:
+        with tempfile.NamedTemporaryFile(dir=local_dir, prefix="sparkdl-value-",
+                                         delete=False) as out:
+            for segment in segments:
+                out.write(segment)
+        return FileValue(out.name, [len(seg) for seg in segments], raw)
     pieces, places = [], []
     for k, segment in enumerate(segments):
         for offset in range(0, len(segment), piece_bytes):

@@ -80,6 +80,11 @@ class PythonJobs:
         self._env: tuple[Any, Any] = (None, None)          # (Python value, its Java copy)
         self._includes: tuple[Any, Any] = (None, None)
         self._serializer = CloudPickleSerializer()
+        master = str(sc.master)
+        self._local_dir = (sc._temp_dir if master.startswith("local")
+                           and not master.startswith("local-cluster")
+                           and not sc._encryption_enabled else None)
+        """Where a large value goes as a file for the tasks (a local master: they run here)."""
 
     @classmethod
     def of(cls, sc: Any) -> "PythonJobs":
@@ -130,12 +135,13 @@ class PythonJobs:
     def broadcast(self, value: Any) -> Any:
         """``sc.broadcast(value)`` (a pyspark ``Broadcast``, the same in tasks and to destroy)
         without its two reflection look-ups per call; with I/O encryption on, pyspark's own. A
-        value above :data:`~sparkdl.transport.pieced_broadcast.PIECE_BYTES` goes in pieces
+        value above :data:`~sparkdl.transport.pieced_broadcast.PIECE_BYTES` goes in pieces, or
+        on a local master as a file the tasks read
         (:func:`~sparkdl.transport.pieced_broadcast.pieced_broadcast`: a handle with the same
         ``value`` and ``destroy``)."""
         from .pieced_broadcast import pieced_broadcast
 
-        return pieced_broadcast(self._one_broadcast, value)
+        return pieced_broadcast(self._one_broadcast, value, local_dir=self._local_dir)
 
     def _one_broadcast(self, value: Any) -> Any:
         if self.sc._encryption_enabled:
