@@ -43,17 +43,13 @@ PIECE_BYTES = 32 << 20
 AllReduce hands the driver: :mod:`sparkdl.transport.allreduce`)."""
 
 
-class PiecedValue:
-    """A value sent as pieces (see the module docstring): ``.value`` in a task, ``destroy()`` on
-    the driver, as a pyspark ``Broadcast``.
+class _SegmentedValue:
+    """A value as its pickle stream and out-of-band buffers (``segments``: their byte lengths;
+    a ``raw`` value: one segment, the value's own bytes), read once per task into buffers of
+    those lengths by :meth:`_fill` and unpickled from them."""
 
-    ``segments``: the byte length of the pickle stream and of each out-of-band buffer (a
-    ``raw`` value: one segment, the value's own bytes); ``places``: for each piece, its segment
-    and offset there."""
-
-    def __init__(self, pieces: list[Any], segments: list[int], places: list[tuple[int, int]],
-                 raw: bool) -> None:
-        self.pieces, self.segments, self.places, self.raw = pieces, segments, places, raw
+    def __init__(self, segments: list[int], raw: bool) -> None:
+        self.segments, self.raw = segments, raw
         self._value: Any = None
         self._read = False
 
@@ -65,13 +61,31 @@ class PiecedValue:
     def value(self) -> Any:
         if not self._read:
             buffers = [bytearray(n) for n in self.segments]
-            for (segment, offset), piece in zip(self.places, self.pieces):
-                data = memoryview(piece.value).cast("B")
-                memoryview(buffers[segment])[offset:offset + len(data)] = data
-                _forget(piece)
-            self._value = _unpickled(buffers, self.raw)
+            self._fill(buffers)
+            self._value = buffers[0] if self.raw else pickle.loads(buffers[0],
+                                                                   buffers=buffers[1:])
             self._read = True
         return self._value
+
+    def _fill(self, buffers: list[bytearray]) -> None:
+        raise NotImplementedError
+
+
+class PiecedValue(_SegmentedValue):
+    """A value sent as pieces (see the module docstring): ``.value`` in a task, ``destroy()`` on
+    the driver, as a pyspark ``Broadcast``; ``places``: for each piece, its segment and offset
+    there."""
+
+    def __init__(self, pieces: list[Any], segments: list[int], places: list[tuple[int, int]],
+                 raw: bool) -> None:
+        super().__init__(segments, raw)
+        self.pieces, self.places = pieces, places
+
+    def _fill(self, buffers: list[bytearray]) -> None:
+        for (segment, offset), piece in zip(self.places, self.pieces):
+            data = memoryview(piece.value).cast("B")
+            memoryview(buffers[segment])[offset:offset + len(data)] = data
+            _forget(piece)
 
     def destroy(self, blocking: bool = False) -> None:
         for piece in self.pieces:
@@ -89,40 +103,25 @@ class PiecedValue:
         self.__init__(state["pieces"], state["segments"], state["places"], state["raw"])
 
 
-def _unpickled(buffers: list[bytearray], raw: bool) -> Any:
-    return buffers[0] if raw else pickle.loads(buffers[0], buffers=buffers[1:])
-
-
-class FileValue:
+class FileValue(_SegmentedValue):
     """A value written to one file on the driver's machine, for tasks that run there (a local
     master): ``.value`` reads it back as :class:`PiecedValue` does; ``destroy()`` removes the
     file (driver side)."""
 
     def __init__(self, path: str, segments: list[int], raw: bool) -> None:
-        self.path, self.segments, self.raw = path, segments, raw
-        self._value: Any = None
-        self._read = False
+        super().__init__(segments, raw)
+        self.path = path
 
-    @property
-    def nbytes(self) -> int:
-        return sum(self.segments)
-
-    @property
-    def value(self) -> Any:
-        if not self._read:
-            buffers = [bytearray(n) for n in self.segments]
-            with open(self.path, "rb", buffering=0) as f:
-                for buffer in buffers:
-                    view, done = memoryview(buffer), 0
-                    while done < len(view):
-                        n = f.readinto(view[done:])
-                        if not n:
-                            raise EOFError(f"{self.path} ended early: it holds a value of "
-                                           f"{self.nbytes} bytes")
-                        done += n
-            self._value = _unpickled(buffers, self.raw)
-            self._read = True
-        return self._value
+    def _fill(self, buffers: list[bytearray]) -> None:
+        with open(self.path, "rb", buffering=0) as f:
+            for buffer in buffers:
+                view, done = memoryview(buffer), 0
+                while done < len(view):
+                    n = f.readinto(view[done:])
+                    if not n:
+                        raise EOFError(f"{self.path} ended early: it holds a value of "
+                                       f"{self.nbytes} bytes")
+                    done += n
 
     def destroy(self, blocking: bool = False) -> None:
         try:
