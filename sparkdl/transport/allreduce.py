@@ -42,7 +42,10 @@ from .python_jobs import IterationJobs, JobRdd, PythonJobs
 __all__ = ["AllReduceResult", "ShuffleAllReduce", "DriverAllReduce", "block_bounds",
            "choose_allreduce", "make_allreduce", "make_pass_allreduce", "sum_in_order",
            "reported_absent", "with_resources", "shuffle_blocks", "driver_job_bytes", "job_intake",
+           "blocks_per_job",
            "DRIVER_ALLREDUCE_MAX_BYTES", "DRIVER_HEAP_SHARE", "MAX_SHUFFLE_BLOCKS"]
+
+log = logging.getLogger(__name__)
 
 DRIVER_ALLREDUCE_MAX_BYTES = 64 << 20
 """``allreduce="auto"`` sums at the driver while the driver would receive at most this many bytes
@@ -94,9 +97,13 @@ def job_intake(vector_bytes: int, path: str, num_partitions: int,
         return int(vector_bytes) * num_partitions
     blocks = shuffle_blocks(vector_bytes, num_blocks or num_partitions, job_bytes)
     block = max(1, -(-int(vector_bytes) // blocks))
-    if job_bytes is None:
-        return int(vector_bytes)
-    return min(int(vector_bytes), max(block, (job_bytes // block) * block))
+    return min(int(vector_bytes), blocks_per_job(block, blocks, job_bytes) * block)
+
+
+def blocks_per_job(block_bytes: int, num_blocks: int, job_bytes: int | None) -> int:
+    """How many blocks of ``block_bytes`` one job collects within ``job_bytes`` (one at least;
+    None: all ``num_blocks``)."""
+    return num_blocks if job_bytes is None else max(1, job_bytes // max(1, block_bytes))
 
 
 def driver_job_bytes(heap_bytes: int, max_result_bytes: int, chosen: int | None = None) -> int:
@@ -111,8 +118,6 @@ def driver_job_bytes(heap_bytes: int, max_result_bytes: int, chosen: int | None 
         limit = min(limit, int(max_result_bytes) // 2)
     return max(1, limit)
 
-
-log = logging.getLogger(__name__)
 
 LocalFn = Callable[[int, Any], "tuple[np.ndarray | None, Any]"]
 """A task's function: ``(partition, index record) -> (vector or None, report)``; the report is
@@ -254,8 +259,8 @@ class ShuffleAllReduce:
         self.dtype = np.dtype(dtype)
         self.bounds = block_bounds(size, num_blocks)
         self.num_blocks = len(self.bounds) - 1
-        block_bytes = max(1, -(-self.size // self.num_blocks) * self.dtype.itemsize)
-        per_job = self.num_blocks if job_bytes is None else max(1, job_bytes // block_bytes)
+        block_bytes = -(-self.size // self.num_blocks) * self.dtype.itemsize
+        per_job = blocks_per_job(block_bytes, self.num_blocks, job_bytes)
         self.job_blocks = [list(range(lo, min(lo + per_job, self.num_blocks)))
                            for lo in range(0, self.num_blocks, per_job)]
         """The reduce partitions of each job that collects the sums (one job: all)."""
