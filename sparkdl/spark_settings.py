@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping
 
 __all__ = ["RECOMMENDED_CONF", "LOCAL_JAVA_OPTIONS", "recommended_conf", "is_local_master",
            "speculation_never_fires", "spark_setting", "spark_session", "shard_replicas",
-           "SHARD_REPLICAS", "DRIVER_JOB_BYTES", "spark_bytes"]
+           "SHARD_REPLICAS", "DRIVER_JOB_BYTES", "spark_bytes", "spark_flag", "spark_number"]
 
 RECOMMENDED_CONF: dict[str, str] = {
     "spark.python.unix.domain.socket.enabled": "true",
@@ -182,6 +182,22 @@ def _defaults_file_keys() -> set[str]:
                     if line.strip() and not line.lstrip().startswith("#")}
     except OSError:
         return set()
+
+
+def spark_flag(sc: Any, key: str, default: bool) -> bool:
+    """A boolean setting: the thread's local property (``sc.setLocalProperty``), else the
+    running configuration (:func:`spark_setting`), else ``default``."""
+    value = (sc.getLocalProperty(key) or spark_setting(sc, key) or "").strip().lower()
+    return default if not value else value in ("true", "1", "yes")
+
+
+def spark_number(sc: Any, key: str) -> float:
+    """A numeric setting of the running configuration; 0 when unset or not a number."""
+    value = spark_setting(sc, key, "0") or "0"
+    try:
+        return float(value)
+    except ValueError:
+        return 0.0
 
 
 def spark_session(app_name: str, master: str = "local[*]",

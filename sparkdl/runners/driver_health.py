@@ -33,9 +33,11 @@ import logging
 import threading
 from typing import Any
 
+from ..spark_settings import DRIVER_JOB_BYTES, spark_bytes, spark_setting
+from ..transport.allreduce import driver_job_bytes
 from .cached_rdd import driver_memory_reason
 
-__all__ = ["DriverHealth", "driver_heap_failure", "WATCH_SECONDS", "SPARK_OOM_EXIT_CODE"]
+__all__ = ["DriverHealth", "driver_heap_failure", "driver_job_share", "WATCH_SECONDS", "SPARK_OOM_EXIT_CODE"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,16 @@ _SHUT_DOWN = ("SparkContext was shut down", "SparkContext has been shutdown",
               "Cannot call methods on a stopped SparkContext")
 _ADVICE = ("Give the driver more memory: spark.driver.memory (its JVM heap holds the tasks' "
            "results and the weights' broadcast pieces while they pass through)")
+
+
+def driver_job_share(sc: Any) -> int:
+    """The most bytes of task results one job may hand this driver
+    (:func:`~sparkdl.transport.allreduce.driver_job_bytes` of its JVM's heap, of
+    ``spark.driver.maxResultSize`` and of ``spark.sparkdl.driverJobBytes``)."""
+    heap = int(sc._jvm.java.lang.Runtime.getRuntime().maxMemory())
+    results = int(sc._jsc.sc().conf().getSizeAsBytes("spark.driver.maxResultSize", "1g"))
+    chosen = spark_setting(sc, DRIVER_JOB_BYTES)
+    return driver_job_bytes(heap, results, spark_bytes(chosen, "b") if chosen else None)
 
 
 def driver_heap_failure(exc: BaseException, local: bool = False) -> str | None:

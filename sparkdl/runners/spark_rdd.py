@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..executor.live_runs import live_runs, new_key, release_key
-from ..spark_settings import (DRIVER_JOB_BYTES, shard_replicas, spark_bytes, spark_setting,
+from ..spark_settings import (shard_replicas, spark_flag, spark_number, spark_setting,
                               speculation_never_fires)
 from .cached_rdd import (CachedData, clean_workers, lost_data_reason, memory_kill_reason,
                          shard_place)
@@ -42,15 +42,14 @@ from ..executor.hop_task import HopPartitionResult, HopSpec, HopTask
 from ..executor.tasks import EvaluationTask, GradientTask, PassGradientTask
 from ..metrics import ValidationMetric
 from ..errors import InvalidArgumentError
-from ..transport.allreduce import (AllReduceResult, driver_job_bytes, make_allreduce,
-                                  make_pass_allreduce,
+from ..transport.allreduce import (AllReduceResult, make_allreduce, make_pass_allreduce,
                                   with_resources)
 from ..transport.codecs import make_pass_codec
 from ..transport.pass_results import pass_table_rows, split_pass_result
 from ..transport.flat_layout import ParamLayout
 from ..transport.broadcast_bundle import BroadcastBundle
 from ..transport.python_jobs import PythonJobs
-from .driver_health import DriverHealth
+from .driver_health import DriverHealth, driver_job_share
 from ..transport.weight_refresh import RefreshPublisher, StateVersion
 
 __all__ = ["SparkRddRunner"]
@@ -78,18 +77,10 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
         self._health = DriverHealth(sc)
 
     def _flag(self, key: str, default: bool) -> bool:
-        """A boolean setting: the thread's local property (``sc.setLocalProperty``), else the
-        Spark conf, else ``default``."""
-        value = (self.spark_context.getLocalProperty(key)
-                 or spark_setting(self.spark_context, key) or "").strip().lower()
-        return default if not value else value in ("true", "1", "yes")
+        return spark_flag(self.spark_context, key, default)
 
     def _conf(self, key: str) -> float:
-        value = spark_setting(self.spark_context, key, "0") or "0"
-        try:
-            return float(value)
-        except ValueError:
-            return 0.0
+        return spark_number(self.spark_context, key)
 
     def _local_master(self) -> bool:
         master = self.spark_context.master
@@ -155,16 +146,6 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
                             "can ever start: %s", why)
         return cached
 
-    def job_bytes(self) -> int:
-        """The most bytes of task results one job may hand this driver
-        (:func:`~sparkdl.transport.allreduce.driver_job_bytes` of its JVM's heap and of
-        ``spark.driver.maxResultSize``)."""
-        conf = self.spark_context._jsc.sc().conf()
-        heap = int(self.spark_context._jvm.java.lang.Runtime.getRuntime().maxMemory())
-        results = int(conf.getSizeAsBytes("spark.driver.maxResultSize", "1g"))
-        chosen = spark_setting(self.spark_context, DRIVER_JOB_BYTES)
-        return driver_job_bytes(heap, results, spark_bytes(chosen, "b") if chosen else None)
-
     def start(self, spec: ReplicaSpec, layout: ParamLayout, options: RunnerOptions,
               train: CachedData) -> str:
         fit, how = self.add_fit(spec, layout, options, train)
@@ -186,7 +167,7 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
             self._resources = self._task_resources(options.device)
             self._broadcast = PythonJobs.of(self.spark_context).broadcast
         allreduce = make_allreduce(layout, options.allreduce, train.num_partitions,
-                                   options.num_blocks, options.compression, self.job_bytes())
+                                   options.num_blocks, options.compression, driver_job_share(self.spark_context))
         publisher = RefreshPublisher(
             lambda value: self._broadcast(value), layout.fingerprint,
             deltas=self._flag("spark.sparkdl.rowDeltas", True),
@@ -253,7 +234,7 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
             self._passes = {key: make_pass_allreduce(sum(sizes), dtype, options.allreduce,
                                                      data.num_partitions, options.num_blocks,
                                                      codec, pass_table_rows(layouts),
-                                                     self.job_bytes())}
+                                                     driver_job_share(self.spark_context))}
         return self._passes[key]
 
     def evaluate(self, data: CachedData, weights: np.ndarray,
