@@ -13,7 +13,7 @@ fails prints why (the sparkdl error's class, or the time limit). Models:
   Global batch 8 sequences.
 
 Per-iteration time: the median gap between consecutive iterations after the first two (rounds:
-the second round's time over its H iterations). Samples per second: the global batch over it.
+the median of rounds 2-4's times over their H iterations). Samples per second: the global batch over it.
 Each run's peak memory (the machine's, sampled) is reported beside it.
 
     python bench/large_models.py curve --heap 2g --sizes 20 80 300 --runners sync rounds td
@@ -70,11 +70,13 @@ def make_model(kind: str, millions: float) -> nn.Module:
 
 
 def batch_and_data(kind: str) -> tuple[int, np.ndarray, np.ndarray]:
+    """The global batch and the data: two rounds of H iterations per epoch (a round never
+    crosses an epoch's end, so fewer would cut H)."""
     rng = np.random.default_rng(1)
     if kind == "mlp":
-        x = rng.standard_normal((64 * 8, D)).astype(np.float32)
+        x = rng.standard_normal((64 * 2 * LOCAL_STEPS, D)).astype(np.float32)
         return 64, x, (0.5 * x).astype(np.float32)
-    ids = rng.integers(0, VOCAB, (8 * 8, SEQ + 1))
+    ids = rng.integers(0, VOCAB, (8 * 2 * LOCAL_STEPS, SEQ + 1))
     return 8, ids[:, :-1].astype(np.int64), ids[:, 1:].astype(np.int64)
 
 
@@ -103,7 +105,7 @@ def measure_sparkdl(args: Any) -> dict[str, Any]:
     rdd = spark.sparkContext.parallelize(list(zip(x, y)), PARTITIONS)
     model = make_model(args.kind, args.millions)
     rounds = args.runner == "rounds"
-    iterations = 2 * LOCAL_STEPS if rounds else args.iterations
+    iterations = 4 * LOCAL_STEPS if rounds else args.iterations
     stamps: list[float] = []
     marks: list[tuple[int, float]] = []        # (iteration, when the trigger first saw it)
 
@@ -120,11 +122,11 @@ def measure_sparkdl(args: Any) -> dict[str, Any]:
                           local_steps=LOCAL_STEPS if rounds else 1,
                           outer_optimizer="average" if rounds else None)
     fit.optimize()
-    if rounds:       # the trigger sees a round's iterations at its end: the second round
+    if rounds:       # the trigger sees a round's iterations at its end: rounds 2-4's median
         ends = [(it, t) for k, (it, t) in enumerate(marks)
                 if k + 1 == len(marks) or marks[k + 1][1] - t > 1e-3]
-        (i0, t0), (i1, t1) = ends[-2], ends[-1]
-        seconds = (t1 - t0) / (i1 - i0)
+        seconds = statistics.median((t1 - t0) / (i1 - i0)
+                                    for (i0, t0), (i1, t1) in zip(ends[:-1], ends[1:]))
     else:
         seconds = per_iteration(stamps)
     spark.stop()

@@ -3,7 +3,7 @@
 8 MiB, a tenth of the model's 80 MiB vector, and before sparkdl cut large vectors into jobs and
 broadcasts into pieces the fit was refused (the whole vector in one job's results).
 
-    python large_model_job.py OUT.pt
+    python large_model_job.py OUT.pt [MASTER]   # default local-cluster[2,1,1024]
     python large_model_job.py --driver-oom     # the driver's heap runs out: prints the error
 
 Trains a pass of two synchronous fits (SGD with momentum, two learning rates: the pass's
@@ -87,7 +87,9 @@ def main() -> None:
         spark.sparkContext.setLogLevel("OFF")
         driver_oom(spark)
         return
-    spark = (spark_builder("local[2]").config("spark.driver.memory", "512m")
+    # a cluster's way (on a local master the sums and large broadcasts go as files instead)
+    master = sys.argv[2] if len(sys.argv) > 2 else "local-cluster[2,1,1024]"
+    spark = (spark_builder(master).config("spark.driver.memory", "512m")
              .config("spark.driver.maxResultSize", "16m").getOrCreate())
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")

@@ -385,12 +385,16 @@ def test_a_pass_under_connect_sends_each_fits_table_rows_once_and_splits_them_by
     assert np.array_equal(second.vector, vectors[0][6:] + vectors[2][6:])
 
 
-def test_a_vector_above_a_jobs_share_is_collected_in_several_jobs_with_the_same_bits(sc):
+def test_a_vector_above_a_jobs_share_is_collected_in_several_jobs_with_the_same_bits(
+        sc, monkeypatch):
     """Issue 54: blocks no larger than a job may hand the driver, each job collecting as many
     as fit (the later jobs run only reduce tasks over the map outputs), and bitwise the sum of
-    one job; a miss is completed the same way."""
+    one job; a miss is completed the same way. On a local master the reducers' sums reach the
+    driver as files instead (one job, nothing through the JVM, the files removed): the same
+    bits."""
     from models import JobCounter
     from sparkdl.transport.allreduce import ShuffleAllReduce, job_intake, shuffle_blocks
+    from sparkdl.transport.python_jobs import PythonJobs
 
     n, size = 4, 10_001
     vectors = _vectors(n, size)
@@ -402,7 +406,15 @@ def test_a_vector_above_a_jobs_share_is_collected_in_several_jobs_with_the_same_
 
     index = sc.parallelize(range(n), n).cache()
     whole = ShuffleAllReduce(size, np.float32, 3).run(index, local_fn)
-    job_bytes = 10_000                     # a 40 KB vector: 5 blocks of 8 KB, one per job...
+    assert np.array_equal(whole.vector, vectors[0] + vectors[1] + vectors[2] + vectors[3])
+    job_bytes = 10_000                     # a 40 KB vector: 5 blocks of 8 KB...
+    local_dir = PythonJobs.of(sc).local_dir
+    assert local_dir == sc._temp_dir                    # the session's local[2]: files
+    in_files = ShuffleAllReduce(size, np.float32, 5, job_bytes=job_bytes)
+    with JobCounter(sc) as jobs:
+        assert np.array_equal(in_files.run(index, local_fn).vector, whole.vector)
+    assert jobs.count == 1 and not [f for f in os.listdir(local_dir) if "sparkdl-sum" in f]
+    monkeypatch.setattr(PythonJobs.of(sc), "_local_dir", None)   # as on a cluster: one per job
     blocks = shuffle_blocks(size * 4, n, job_bytes)
     assert blocks == 5
     pieces = ShuffleAllReduce(size, np.float32, blocks, job_bytes=job_bytes)
@@ -474,3 +486,16 @@ def test_large_values_are_broadcast_in_pieces_and_read_back_whole(sc):
     raw_handle.destroy()
     assert not os.path.exists(handle.path) and not os.path.exists(raw_handle.path)
     assert PythonJobs.of(sc)._local_dir == sc._temp_dir         # the session's local[2]
+    # a flat uint8 array (a round's state vector) goes as its own bytes; a task maps its file
+    state = rng.integers(0, 256, 100_000, dtype=np.uint8)
+    state_handle = pieced_broadcast(broadcast, state, piece_bytes=64 << 10,
+                                    local_dir=sc._temp_dir)
+    assert state_handle.raw and os.path.getsize(state_handle.path) == state.nbytes
+
+    def map_state(_):
+        mapped = state_handle.mapped()
+        yield type(mapped).__name__, mapped.flags.writeable, mapped.tobytes() == state.tobytes()
+
+    assert sc.parallelize(range(2), 2).mapPartitions(map_state).collect() == \
+        [("memmap", True, True)] * 2
+    state_handle.destroy()

@@ -155,6 +155,92 @@ def test_rounds_with_schedulers_equal_their_definition():
         assert max_abs_diff(net, expected) < 1e-5, step
 
 
+def test_a_model_kept_between_rounds_gives_a_fresh_models_bits(monkeypatch):
+    """Issue 54: a worker keeps the fit's model, optimizer and scheduler from round to round
+    when they are torch's own (each round loads every weight and buffer and their whole state):
+    the same bits as a model unpickled afresh every round, with BatchNorm buffers, Adam's state
+    and a per-iteration scheduler; a user's optimizer class is unpickled afresh."""
+    from sparkdl.executor import round_task
+
+    parts = _partitions("mlp", sizes=[90, 37, 73])    # every partition with data
+    built: list[int] = []
+    real_replica = round_task.Replica
+
+    def counting(*args, **kwargs):
+        built.append(1)
+        return real_replica(*args, **kwargs)
+
+    monkeypatch.setattr(round_task, "Replica", counting)
+
+    def run(make_opt=lambda m: torch.optim.Adam(m.parameters(), lr=0.01)):
+        built.clear()
+        torch.manual_seed(0)
+        net = ConvBN()
+        optimizer = make_opt(net)
+        DistriOptimizer(net, _local(parts), nn.CrossEntropyLoss(), optimizer, batch_size=BATCH,
+                        seed=SEED, end_trigger=MaxIteration(26), progress_bar=False,
+                        lr_scheduler=torch.optim.lr_scheduler.LambdaLR(
+                            optimizer, lambda t: 0.97 ** t), lr_scheduler_step="iteration",
+                        local_steps=4, outer_optimizer="nesterov").optimize()
+        return net, len(built)
+
+    kept, kept_builds = run()
+    monkeypatch.setattr(round_task, "restores_fully", lambda bundle: False)
+    fresh, fresh_builds = run()
+    assert kept_builds == 1 and fresh_builds == 8 * 3     # 2 epochs of 13 iterations: 8 rounds
+    assert bitwise_equal(kept, fresh)
+    monkeypatch.undo()
+
+    class MyAdam(torch.optim.Adam):
+        pass
+
+    bundle = round_task.HopBundle(None, MyAdam([nn.Parameter(torch.zeros(1))]))
+    assert not round_task.restores_fully(bundle)
+    assert round_task.restores_fully(round_task.HopBundle(None, torch.optim.Adam(
+        [nn.Parameter(torch.zeros(1))])))
+
+
+def test_all_finite_is_exact_in_one_pass():
+    """The round's check of its weights: a float64 sum decides, values looked at one by one
+    only when it is not finite."""
+    from sparkdl.executor.round_task import all_finite
+
+    big = torch.full((4,), 3e38)                       # float32: their sum fits float64
+    assert all_finite(big) and all_finite(torch.zeros(0))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        assert not all_finite(torch.tensor([1.0, bad, 2.0]))
+        assert not all_finite(torch.tensor([1.0, bad], dtype=torch.bfloat16))
+    assert all_finite(torch.tensor([1.7e308, 1.7e308], dtype=torch.float64))   # sum overflows
+    assert not all_finite(torch.tensor([1.7e308, float("nan")], dtype=torch.float64))
+
+
+def test_the_weighted_delta_is_torchs_subtraction_and_product_bitwise():
+    """The round's delta ``weight * (w_start - w)``, written straight into the vector for dense
+    parameters: bitwise torch's ``(start - w).mul_(weight)``, tables through their rows."""
+    from sparkdl.executor.round_task import weighted_delta
+    from sparkdl.transport.flat_layout import ParamLayout
+
+    torch.manual_seed(3)
+    net = EmbeddingNet()
+    layout = ParamLayout(net)
+    start = layout.state_vector(net)
+    before = {k: v.clone() for k, v in net.named_parameters()}
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn_like(p))
+    weight = 37 / 200
+    vector, present = weighted_delta(net, layout, start, weight)
+    assert present.tolist() == [1] * len(layout.params)
+    for k, slot in enumerate(layout.params):
+        p = dict(net.named_parameters())[slot.name]
+        expected = (before[slot.name] - p.detach()).mul_(weight)
+        if slot.rows:
+            assert torch.equal(p.grad.to_dense() if p.grad.is_sparse else p.grad, expected)
+        else:
+            got = torch.from_numpy(vector[slot.start:slot.stop]).view(slot.shape)
+            assert torch.equal(got, expected) and p.grad is None
+
+
 def test_one_step_rounds_with_plain_sgd_and_averaging_are_synchronous_sgd():
     """H = 1, plain SGD inside, plain averaging: synchronous SGD up to float rounding; the
     default (local_steps=1, no outer optimizer) is synchronous SGD itself."""

@@ -31,23 +31,24 @@ import math
 import pickle
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from ..data.batch_plan import task_seed, transform_generator
 from ..errors import SparkdlError, permanent_report
+from ..transport.pieced_broadcast import FileValue
 from .devices import task_device
 from .executor_identity import executor_location
 from .hop_task import HopBundle, optimizer_step, step_task_scheduler
 from .live_runs import LiveRuns, evict_finished
 from .process_memory import current_rss_bytes
-from .replicas import Replica, set_training_modes
+from .replicas import _REPLICAS, Replica, set_training_modes
 from .shard_store import Shard, open_shard
 from .step import TaskReport, seed_task, set_task_threads
 from .tasks import task_attempt
-from .worker_cache import freeze_imports_once
+from .worker_cache import WorkerCache, freeze_imports_once
 
 __all__ = ["RoundSpec", "RoundReport", "RoundTask", "train_round", "weighted_delta"]
 
@@ -102,29 +103,86 @@ class RoundReport(TaskReport):
 
 
 def weighted_delta(model: torch.nn.Module, layout: Any, start: np.ndarray, weight: float
-                   ) -> None:
-    """Put ``weight * (w_start - w)`` into every trainable parameter's ``.grad`` (``start``:
-    the round's state vector): dense, or a sparse tensor of the changed rows for a table
-    built with ``sparse=True``, as the layout's gradient and rows readers take them."""
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """``weight * (w_start - w)`` of every trainable parameter as the layout's gradient vector,
+    and which parameters are present (all; ``start``: the round's state vector). A dense
+    parameter on the CPU in the vector's dtype is written straight into its range (one pass,
+    no tensor of its own: at hundreds of millions of values the copies were most of a round's
+    fixed cost); any other goes through its ``.grad`` as before: dense, or for a table built
+    with ``sparse=True`` a sparse tensor of the changed rows, as the layout's gradient and rows
+    readers take them. The same float operations either way (a float32 subtraction, then a
+    multiplication by ``weight`` rounded to the dtype), so the same bits."""
     tensors = dict(model.named_parameters())
+    direct = [not slot.rows and slot.dtype == layout.torch_dtype and
+              tensors[slot.name].device.type == "cpu" for slot in layout.params]
     with torch.no_grad():
         for k, slot in enumerate(layout.params):
             p = tensors[slot.name]
+            if direct[k]:
+                p.grad = None
+                continue
             before = layout.param_value(start, k).to(p.device)
             delta = (before - p.detach()).mul_(weight)
             if slot.sparse:
                 delta = delta.to_sparse(sparse_dim=1).coalesce()
             p.grad = delta
+    out, present = layout.gradients(model)       # the others' ranges (zeros where direct)
+    scale = np.asarray(weight, dtype=layout.numpy_dtype)
+    with torch.no_grad():
+        for k, slot in enumerate(layout.params):
+            if not direct[k]:
+                continue
+            present[k] = 1
+            target = out[slot.start:slot.stop]
+            before = start[slot.byte_start:slot.byte_stop].view(layout.numpy_dtype)
+            np.subtract(before, tensors[slot.name].detach().reshape(-1).numpy(), out=target)
+            np.multiply(target, scale, out=target)
+    return out, present
 
 
-def train_round(spec: RoundSpec, partition: int, shard: Shard | None, bundle_bytes: bytes,
-                start: np.ndarray | bytes, inner_state: bytes | None, device: str = "cpu"
-                ) -> tuple[np.ndarray | None, RoundReport]:
+def restores_fully(bundle: HopBundle) -> bool:
+    """Whether loading a round's inner state puts ``bundle``'s optimizer and scheduler exactly
+    where a fresh unpickled copy loading it would be: torch's own classes, whose state dicts
+    hold everything they keep (a user's class may keep more, outside its state dict)."""
+    return all(obj is None or type(obj).__module__.startswith("torch.optim.")
+               for obj in (bundle.optimizer, bundle.lr_scheduler))
+
+
+def round_model(bundle_bytes: bytes | Callable[[], bytes], device: str, run_key: str | None,
+                resumes: bool, kept: WorkerCache | None = None) -> tuple[HopBundle, Replica]:
+    """The fit's bundle (unpickled) and its replica on ``device``. With a ``run_key`` and a
+    round that loads an inner state (``resumes``) into an optimizer and scheduler that
+    :func:`restores_fully`, they are kept in this worker for the run's next rounds (with the
+    sync replicas, evicted when the run ends): each round loads every parameter and buffer
+    from its start vector and the whole optimizer and scheduler state, so a kept copy computes
+    the bits a fresh one does, without reading and unpickling the model again (at hundreds of
+    millions of parameters most of a round's fixed cost). ``bundle_bytes``: the pickled
+    :class:`~sparkdl.executor.hop_task.HopBundle`, or a function that reads it; ``kept``: the
+    cache (default: this worker's replicas')."""
+    cache = _REPLICAS if kept is None else kept
+    key = (run_key, device, "round")
+    if run_key is not None and resumes:
+        found = cache.get(key)
+        if found is not None:
+            return found
+    raw = bundle_bytes() if callable(bundle_bytes) else bundle_bytes
+    bundle: HopBundle = pickle.loads(raw)
+    made = (bundle, Replica(bundle.spec, device))
+    if run_key is not None and resumes and restores_fully(bundle):
+        cache.put(key, made)
+    return made
+
+
+def train_round(spec: RoundSpec, partition: int, shard: Shard | None,
+                bundle_bytes: bytes | Callable[[], bytes], start: np.ndarray | bytes,
+                inner_state: bytes | None, device: str = "cpu", run_key: str | None = None,
+                kept: WorkerCache | None = None) -> tuple[np.ndarray | None, RoundReport]:
     """Partition ``partition``'s round (see the module docstring): the weighted delta vector
     (None when the partition took no sample) and its report. ``bundle_bytes``: the fit's
     pickled :class:`~sparkdl.executor.hop_task.HopBundle`; ``start``: the round's state
     vector; ``inner_state``: the pickled (optimizer, scheduler) state dicts at the round's
-    start (None: the bundle's own)."""
+    start (None: the bundle's own); ``run_key``: the run's, to keep the model in this worker
+    between rounds (:func:`round_model`, in ``kept``)."""
     report = RoundReport(partition=partition, attempt=task_attempt(), started_at=time.time())
     count = int(spec.counts[partition])
     report.count = count
@@ -134,8 +192,7 @@ def train_round(spec: RoundSpec, partition: int, shard: Shard | None, bundle_byt
     t0, c0 = time.perf_counter(), time.thread_time()
     if isinstance(start, (bytes, bytearray)):       # as a broadcast carries it
         start = np.frombuffer(start, dtype=np.uint8)
-    bundle: HopBundle = pickle.loads(bundle_bytes)
-    replica = Replica(bundle.spec, device)
+    bundle, replica = round_model(bundle_bytes, device, run_key, inner_state is not None, kept)
     model, optimizer, scheduler = replica.model, bundle.optimizer, bundle.lr_scheduler
     layout = replica.layout
     layout.load_state(model, start)
@@ -170,7 +227,7 @@ def train_round(spec: RoundSpec, partition: int, shard: Shard | None, bundle_byt
     optimizer.zero_grad(set_to_none=True)
     if report.nonfinite is None:
         for name, value in model.state_dict().items():
-            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            if value.is_floating_point() and not all_finite(value):
                 report.nonfinite = (f"the weights {name} have non-finite values after the "
                                     f"round's inner steps on partition {partition}")
                 break
@@ -184,13 +241,22 @@ def train_round(spec: RoundSpec, partition: int, shard: Shard | None, bundle_byt
         protocol=pickle.HIGHEST_PROTOCOL)
     vector: np.ndarray | None = None
     if count:
-        weighted_delta(model, layout, start, count / spec.total)
-        vector, report.grad_present = layout.gradients(model)
+        vector, report.grad_present = weighted_delta(model, layout, start, count / spec.total)
         report.table_rows = layout.table_rows(model) or None
         report.buffers = layout.changed_buffers(model, start)
+        for p in model.parameters():       # a kept model starts its next round without them
+            p.grad = None
     report.compute_s, report.cpu_s = time.perf_counter() - t0, time.thread_time() - c0
     report.finished_at = time.time()
     return vector, report
+
+
+def all_finite(value: torch.Tensor) -> bool:
+    """Whether every value of a floating-point tensor is finite: its sum in float64 is finite
+    exactly when they are (no sum of float32 or narrower values reaches float64's range; one
+    that does is looked at value by value), one pass without a tensor of flags."""
+    return (bool(torch.isfinite(value.sum(dtype=torch.float64))) or
+            bool(torch.isfinite(value).all()))
 
 
 def _inner_step(spec: RoundSpec, j: int, partition: int, shard: Shard, replica: Replica,
@@ -222,6 +288,8 @@ class RoundTask:
     start: Any
     inner: dict[int, Any]
     live: LiveRuns | None = None
+    run_key: str | None = None      # the run's: its model kept in the worker between rounds
+    kept: Any = None                # where (None: the worker's replicas; in process: the fit's)
 
     def __call__(self, partition: int, summary: Any) -> tuple[np.ndarray | None, RoundReport]:
         evict_finished(self.live)
@@ -237,8 +305,9 @@ class RoundTask:
             choice = task_device(self.step.device)
             inner = self.inner.get(partition)
             vector, report = train_round(
-                self.step, partition, shard, _value(self.bundle), _value(self.start),
-                None if inner is None else _value(inner), choice.device)
+                self.step, partition, shard, lambda: _value(self.bundle), _start(self.start),
+                None if inner is None else _value(inner), choice.device, self.run_key,
+                self.kept)
         except SparkdlError as exc:
             fatal = permanent_report(exc)
             if fatal is None:
@@ -247,6 +316,14 @@ class RoundTask:
         report.device = f"{choice.device} ({choice.reason})"
         report.executor = executor_location()
         return vector, report
+
+
+def _start(held: Any) -> Any:
+    """The round's state vector: mapped from its file on a local master (no copy of the
+    weights in the worker: the page cache's pages, shared by the tasks), else the value."""
+    if isinstance(held, FileValue) and held.raw:
+        return held.mapped()
+    return _value(held)
 
 
 def _value(held: Any) -> Any:

@@ -34,6 +34,7 @@ from ..errors import InvalidArgumentError
 from .interface import (GradientRunner, HopRunner, PartitionMetrics, RoundEntry, RoundRunner,
                         RunnerOptions)
 from ..executor.replicas import Replica, ReplicaSpec
+from ..executor.worker_cache import WorkerCache
 from ..executor.shard_store import Shard, ShardSummary, summarize_arrays
 from ..executor.hop_task import HopPartitionResult, HopSpec, HopTask
 from ..executor.round_task import RoundTask
@@ -98,7 +99,9 @@ def _task_environment() -> Iterator[None]:
 @dataclass
 class _Fit:
     """One fit of the in-process runner: its spec's pickle, its replicas (by sub-replica), its
-    layout, codec, precision and weights' refresh."""
+    layout, codec, precision and weights' refresh; ``round_models``: its local rounds' model kept
+    between rounds (as in a worker: :func:`sparkdl.executor.round_task.round_model`; here
+    without freezing this process's objects out of the garbage collection)."""
 
     spec: bytes
     replicas: dict[int, Replica]
@@ -106,6 +109,7 @@ class _Fit:
     codec: Any
     precision: str
     publisher: RefreshPublisher
+    round_models: WorkerCache = field(default_factory=lambda: WorkerCache(1, freeze=False))
 
     def replica(self, sub: int = 0) -> Replica:
         if sub not in self.replicas:      # another copy, as a worker unpickles it
@@ -226,8 +230,9 @@ class InProcessRunner(GradientRunner, HopRunner, RoundRunner):
         partition order (see :meth:`sparkdl.runners.spark_rdd.SparkRddRunner.rounds_together`)."""
         submitted_at = time.time()
         fits = [self._fits[entry.fit] for entry in entries]
-        tasks = [RoundTask("", entry.spec, entry.bundle, entry.start, dict(entry.inner))
-                 for entry in entries]
+        tasks = [RoundTask("", entry.spec, entry.bundle, entry.start, dict(entry.inner),
+                           run_key="in-process", kept=fit.round_models)
+                 for entry, fit in zip(entries, fits)]
         reports: list[list[Any]] = [[] for _ in entries]
         parts: list[list[Any]] = [[] for _ in entries]
         with _task_environment():

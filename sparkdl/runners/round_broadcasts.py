@@ -3,13 +3,14 @@
 optimizer state in a broadcast of its own, so that a task reads only its partition's
 (:mod:`sparkdl.engine.strategies.rounds`).
 
-Everything is broadcast as bytes: pyspark's encrypted broadcast (``spark.io.encryption.enabled``)
-cannot write the buffers a numpy array pickles into.
+Under ``spark.io.encryption.enabled`` everything is broadcast as bytes: pyspark's encrypted
+broadcast cannot write the buffers a numpy array pickles into; otherwise the weights go as the
+array itself (no copy of it on the driver).
 
 Example::
 
     shipped = RoundBroadcasts(sc)
-    tasks, held = shipped.tasks(data_key, entries, live)
+    tasks, held = shipped.tasks(data_key, entries, live, run_keys)
     try:
         ...                                  # the round's job
     finally:
@@ -33,20 +34,22 @@ class RoundBroadcasts:
         self.sc = sc
         self._bundles: dict[int, Any] = {}
 
-    def tasks(self, data_key: str, entries: Sequence[Any], live: Any
-              ) -> tuple[list[RoundTask], list[Any]]:
-        """Each entry's (:class:`~sparkdl.runners.interface.RoundEntry`) round task, and the
-        broadcasts of this round alone (for :meth:`drop` once the job ended)."""
+    def tasks(self, data_key: str, entries: Sequence[Any], live: Any,
+              run_keys: Sequence[str | None]) -> tuple[list[RoundTask], list[Any]]:
+        """Each entry's (:class:`~sparkdl.runners.interface.RoundEntry`) round task (its fit's
+        run key: ``run_keys``, by entry), and the broadcasts of this round alone (for
+        :meth:`drop` once the job ended)."""
         broadcast = PythonJobs.of(self.sc).broadcast
         tasks, held = [], []
-        for entry in entries:
+        for entry, run_key in zip(entries, run_keys):
             if entry.fit not in self._bundles:
                 self._bundles[entry.fit] = broadcast(entry.bundle)
-            start = broadcast(entry.start.tobytes())
+            start = broadcast(entry.start.tobytes() if self.sc._encryption_enabled
+                              else entry.start)    # no copy: pieces or a file take the array
             inner = {p: broadcast(state) for p, state in entry.inner.items()}
             held += [start] + list(inner.values())
             tasks.append(RoundTask(data_key, entry.spec, self._bundles[entry.fit], start,
-                                   inner, live=live))
+                                   inner, live=live, run_key=run_key))
         return tasks, held
 
     @staticmethod

@@ -283,7 +283,8 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
         assert data.index_rdd is not None and entries
         t0 = time.perf_counter()
         live = live_runs()
-        tasks, held = self._rounds.tasks(data.data_key, entries, live)
+        tasks, held = self._rounds.tasks(data.data_key, entries, live,
+                                         [self._fits[entry.fit].run_key for entry in entries])
         try:
             return self._summed([entry.fit for entry in entries], tasks, data, live,
                                 time.perf_counter() - t0)

@@ -11,7 +11,10 @@ how the sum is made. Two ways exist:
   blocks of at most :data:`~sparkdl.transport.pieced_broadcast.PIECE_BYTES`, and the sums reach
   the driver in jobs of at most ``job_bytes`` each (the later jobs run only reduce tasks, over
   the map outputs Spark keeps): no object in the driver's JVM grows with the model, and no job's
-  results exceed ``spark.driver.maxResultSize`` (:func:`driver_job_bytes`).
+  results exceed ``spark.driver.maxResultSize`` (:func:`driver_job_bytes`). On a ``local[...]``
+  master (where the reducers run on the driver's machine) each reducer writes its sum to a file
+  the driver's Python reads instead (:attr:`PythonJobs.local_dir`): the sums do not pass through
+  the JVM at all, and one job collects them.
 * :class:`DriverAllReduce` (for small models): one stage; each task returns its whole vector and
   the driver sums them in partition order.
 
@@ -25,7 +28,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
@@ -263,12 +268,10 @@ class ShuffleAllReduce:
         per_job = blocks_per_job(block_bytes, self.num_blocks, job_bytes)
         self.job_blocks = [list(range(lo, min(lo + per_job, self.num_blocks)))
                            for lo in range(0, self.num_blocks, per_job)]
-        """The reduce partitions of each job that collects the sums (one job: all)."""
-        if len(self.job_blocks) > 1:
-            log.info("the sums of %d blocks of %.1f MiB reach the driver in %d jobs of at most "
-                     "%.1f MiB each (a job's share of the driver's heap and of "
-                     "spark.driver.maxResultSize)", self.num_blocks, block_bytes / 2**20,
-                     len(self.job_blocks), per_job * block_bytes / 2**20)
+        """The reduce partitions of each job that collects the sums through the JVM (one job:
+        all; sums written to files on a local master are collected in one job)."""
+        self._block_mib, self._per_job_mib = block_bytes / 2**20, per_job * block_bytes / 2**20
+        self._told = False
         self.codec = codec if codec is not None else ExactCodec(self.dtype)
         # each table's id range cut into the same number of blocks as the vector
         self.row_bounds = {k: (np.arange(self.num_blocks + 1, dtype=np.int64) * n)
@@ -303,30 +306,50 @@ class ShuffleAllReduce:
         finally:
             filled_bc.destroy(blocking=False)
 
+    def _tell(self, result_dir: str | None, jobs: int) -> None:
+        """Say once how the sums reach the driver, when it is not one job's results."""
+        if self._told:
+            return
+        self._told = True
+        if result_dir is not None:
+            log.info("the sums of %d blocks reach the driver as files on this machine (a local "
+                     "master), not through the JVM", self.num_blocks)
+        elif jobs > 1:
+            log.info("the sums of %d blocks of %.1f MiB reach the driver in %d jobs of at most "
+                     "%.1f MiB each (a job's share of the driver's heap and of "
+                     "spark.driver.maxResultSize)", self.num_blocks, self._block_mib, jobs,
+                     self._per_job_mib)
+
     def _reduce(self, filled_bc: Any, submitted_at: float) -> AllReduceResult:
         """The reduce stage over the last run's shuffle (the filled partitions' vectors from
         ``filled_bc`` in place of what their map tasks sent), collected."""
         assert self._shuffled is not None
+        result_dir = self._shuffled.jobs.local_dir
         reduce_side = ShuffleReduceSide(filled_bc, self.bounds, self.codec, self.row_bounds,
-                                        self.num_blocks, self.dtype)
+                                        self.num_blocks, self.dtype, result_dir)
         bounds = self.bounds
         vector = np.empty(self.size, dtype=self.dtype)
         reduced = self._shuffled.jobs.map_partitions(self._shuffled, reduce_side)
-        groups = self.job_blocks if len(self.job_blocks) > 1 else [None]
+        groups = self.job_blocks if len(self.job_blocks) > 1 and not result_dir else [None]
+        self._tell(result_dir, len(groups))
         messages = []
         for group in groups:        # each block's sum read straight into its place
             messages += collect_messages(
                 reduced, lambda head: vector[bounds[head[0]]:bounds[head[0] + 1]],
                 self._jobs.call_site, group)
+        for (k, *_, where), _payload in messages:
+            if where is not None:   # a local master's reducer wrote its sum to a file
+                read_sum_file(where, vector[bounds[k]:bounds[k + 1]])
         result = AllReduceResult(vector, submitted_at=submitted_at, returned_at=time.time())
         block_rows: dict[int, dict[Any, Rows]] = {}
-        for (k, block_reports, seconds, started, finished, row_sums), payload in messages:
+        for (k, block_reports, seconds, started, finished, row_sums, where), payload in \
+                messages:
             block_rows[k] = row_sums
             result.reports.extend(block_reports)
             result.reduce_s = max(result.reduce_s, seconds)
             result.reduce_started_at = max(result.reduce_started_at, started)
             result.reduce_finished_at = max(result.reduce_finished_at, finished)
-            if payload is None:
+            if payload is None and where is None:
                 result.vector = None
         result.reports.sort(key=lambda r: r.partition)
         if self.row_bounds:       # the blocks' id ranges are disjoint and ascending
@@ -374,6 +397,7 @@ class ShuffleReduceSide:
     row_bounds: dict[Any, np.ndarray]
     num_blocks: int
     dtype: np.dtype
+    result_dir: str | None = None     # a local master's: the sum goes to a file there
 
     def __call__(self, k: int, frames: Iterator[bytes]) -> Iterator[Any]:
         started_at, t0 = time.time(), time.perf_counter()
@@ -399,8 +423,36 @@ class ShuffleReduceSide:
                 reports.append(report)
         total = sum_in_order(parts, codec, lo, hi - lo, absent)
         row_sums = _sum_row_parts(row_parts, row_bounds, self.dtype)
+        where = None
+        if self.result_dir is not None and total is not None:
+            where = write_sum_file(self.result_dir, k, total)
+            total = None
         yield from message_frames(
-            (k, reports, time.perf_counter() - t0, started_at, time.time(), row_sums), total)
+            (k, reports, time.perf_counter() - t0, started_at, time.time(), row_sums, where),
+            total)
+
+
+def write_sum_file(directory: str, k: int, total: np.ndarray) -> str:
+    """Block ``k``'s sum written to a new file under ``directory`` (a name of its own per task
+    attempt: a retried or speculative reducer never writes over another's); its path."""
+    path = os.path.join(directory, f"sparkdl-sum-{k}-{uuid.uuid4().hex}")
+    with open(path, "wb") as out:
+        out.write(memoryview(np.ascontiguousarray(total)).cast("B"))
+    return path
+
+
+def read_sum_file(path: str, target: np.ndarray) -> None:
+    """A block's sum from the file :func:`write_sum_file` wrote, read into ``target`` (its place
+    in the summed vector); the file removed."""
+    view = memoryview(target).cast("B")
+    with open(path, "rb") as f:
+        done = 0
+        while done < len(view):
+            n = f.readinto(view[done:])
+            if not n:
+                raise EOFError(f"{path}: a reducer's sum is {done} bytes, not {len(view)}")
+            done += n
+    os.unlink(path)
 
 
 @dataclass

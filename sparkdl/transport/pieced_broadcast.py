@@ -34,6 +34,8 @@ import pickle
 import tempfile
 from typing import Any, Callable
 
+import numpy as np
+
 __all__ = ["PIECE_BYTES", "PiecedValue", "FileValue", "pieced_broadcast"]
 
 log = logging.getLogger(__name__)
@@ -123,6 +125,14 @@ class FileValue(_SegmentedValue):
                                        f"{self.nbytes} bytes")
                     done += n
 
+    def mapped(self) -> np.ndarray:
+        """A raw value's bytes mapped from its file, copy-on-write (writable, private): its
+        pages are the page cache's, shared by every task on the machine that maps the file, and
+        read only as they are used; no buffer of the value's size is made."""
+        if not self.raw:
+            raise TypeError(f"{self.path} holds a pickled value, not raw bytes")
+        return np.memmap(self.path, dtype=np.uint8, mode="c", shape=(self.segments[0],))
+
     def destroy(self, blocking: bool = False) -> None:
         try:
             os.remove(self.path)
@@ -150,9 +160,12 @@ def pieced_broadcast(broadcast: Callable[[Any], Any], value: Any,
                      piece_bytes: int = PIECE_BYTES, local_dir: str | None = None) -> Any:
     """``broadcast(value)`` when ``value`` pickles to at most ``piece_bytes``, else a
     :class:`PiecedValue` of broadcasts of at most ``piece_bytes`` each, or with ``local_dir``
-    (the tasks run on this machine) a :class:`FileValue` there. ``bytes``-like values travel
-    as their own bytes and read back as a ``bytearray`` of them."""
-    raw = isinstance(value, (bytes, bytearray, memoryview))
+    (the tasks run on this machine) a :class:`FileValue` there. ``bytes``-like values and flat
+    ``uint8`` arrays (a state vector) travel as their own bytes and read back as a
+    ``bytearray`` of them (or :meth:`FileValue.mapped`)."""
+    raw = isinstance(value, (bytes, bytearray, memoryview)) or (
+        isinstance(value, np.ndarray) and value.dtype == np.uint8 and value.ndim == 1 and
+        value.flags.c_contiguous)
     if raw:
         segments = [memoryview(value).cast("B")]
     else:

@@ -86,6 +86,13 @@ class PythonJobs:
                            and not sc._encryption_enabled else None)
         """Where a large value goes as a file for the tasks (a local master: they run here)."""
 
+    @property
+    def local_dir(self) -> str | None:
+        """Where large values go as files between the driver's Python and its tasks: the
+        context's temporary directory on a local master (the tasks run on this machine; not
+        under I/O encryption), else None."""
+        return self._local_dir
+
     @classmethod
     def of(cls, sc: Any) -> "PythonJobs":
         """The instance for ``sc`` (made on first use, kept on the context)."""

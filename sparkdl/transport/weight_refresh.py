@@ -398,8 +398,10 @@ def sync_replica(replica: Any, refresh: Refresh) -> tuple[np.ndarray, bool]:
     full_read = held is None or known.get(held.version) != held.chain
     if full_read:
         full: FullState = refresh.full.value
-        held = ReplicaState(full.version, full.chain, np.array(full.state, copy=True),
-                            model_synced=False)
+        # without row-local tables every refresh is a full copy: the replica neither keeps nor
+        # copies it (a copy of the whole state per worker, for nothing, at a model's size)
+        held = ReplicaState(full.version, full.chain, np.array(full.state, copy=True)
+                            if refresh.row_local else full.state, model_synced=False)
     assert held is not None
     replica.refresh_state = None            # until it is whole again
     pending = [(v, c, h) for v, c, h in refresh.deltas if v > held.version]
@@ -433,7 +435,7 @@ def sync_replica(replica: Any, refresh: Refresh) -> tuple[np.ndarray, bool]:
             f"spark.sparkdl.verifyReplicas: this replica's weights differ from the driver's at "
             f"version {refresh.version} (full copy {refresh.full_version}, "
             f"{len(pending)} deltas applied in this task)")
-    replica.refresh_state = held
+    replica.refresh_state = held if refresh.row_local else None
     return held.state, full_read
 
 
