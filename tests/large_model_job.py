@@ -79,7 +79,8 @@ def main() -> None:
     from conftest import spark_builder
     from models import make_rdd
     from sparkdl import DistriOptimizer, FitSet
-    from sparkdl.triggers import MaxIteration
+    from sparkdl.metrics import Loss
+    from sparkdl.triggers import MaxIteration, SeveralIteration
 
     if sys.argv[1] == "--driver-oom":
         spark = (spark_builder("local[2]").config("spark.driver.memory", "512m")
@@ -115,7 +116,10 @@ def main() -> None:
                              batch_size=BATCH, end_trigger=MaxIteration(ROUND_ITERATIONS),
                              seed=SEED, progress_bar=False, local_steps=2,
                              outer_optimizer="average")
+    # the weights of an 80 MiB model as a validation task reads them (pieces, or a file)
+    rounds.set_validation(rdd, SeveralIteration(ROUND_ITERATIONS), [Loss()])
     rounds.optimize()
+    print(f"validation_loss={rounds.summary.validations[-1].metrics['Loss']!r}")
     torch.save({"initial": initial.state_dict(),
                 "sync": [f.model.state_dict() for f in fits],
                 "rounds": model.state_dict()}, sys.argv[1])

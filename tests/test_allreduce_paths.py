@@ -498,4 +498,17 @@ def test_large_values_are_broadcast_in_pieces_and_read_back_whole(sc):
 
     assert sc.parallelize(range(2), 2).mapPartitions(map_state).collect() == \
         [("memmap", True, True)] * 2
+    # ... and reads back as an array of those bytes, from its file or from pieces (validation
+    # weights: a task's evaluation loads them as an array)
+    pieces_handle = pieced_broadcast(broadcast, state, piece_bytes=64 << 10)
+    assert isinstance(pieces_handle, PiecedValue)
+
+    def read_state(_):
+        for held in (state_handle, pieces_handle):
+            got = held.value
+            yield type(got).__name__, got.flags.writeable, got.tobytes() == state.tobytes()
+
+    assert sc.parallelize(range(2), 2).mapPartitions(read_state).collect() == \
+        [("ndarray", True, True)] * 4
+    pieces_handle.destroy(blocking=True)
     state_handle.destroy()

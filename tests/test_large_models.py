@@ -66,6 +66,11 @@ def test_a_model_above_the_drivers_budget_trains_on_a_small_heap_and_equals_torc
     trained = job.make_model()
     trained.load_state_dict(saved["rounds"])
     assert max_abs_diff(trained, expected) < 1e-5
+    # validated at its end: the trained model's mean loss over the data
+    with torch.no_grad():
+        loss = nn.MSELoss()(trained(torch.from_numpy(x)), torch.from_numpy(y)).item()
+    got = float(proc.stdout.split("validation_loss=")[1].split()[0])
+    assert abs(got - loss) <= 1e-5 * loss
 
 
 @pytest.mark.cluster

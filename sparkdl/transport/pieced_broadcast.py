@@ -47,10 +47,11 @@ AllReduce hands the driver: :mod:`sparkdl.transport.allreduce`)."""
 
 class _SegmentedValue:
     """A value as its pickle stream and out-of-band buffers (``segments``: their byte lengths;
-    a ``raw`` value: one segment, the value's own bytes), read once per task into buffers of
+    a ``raw`` value: one segment, the value's own bytes; ``raw == "array"``: a flat ``uint8``
+    array's, read back as one), read once per task into buffers of
     those lengths by :meth:`_fill` and unpickled from them."""
 
-    def __init__(self, segments: list[int], raw: bool) -> None:
+    def __init__(self, segments: list[int], raw: bool | str) -> None:
         self.segments, self.raw = segments, raw
         self._value: Any = None
         self._read = False
@@ -64,8 +65,12 @@ class _SegmentedValue:
         if not self._read:
             buffers = [bytearray(n) for n in self.segments]
             self._fill(buffers)
-            self._value = buffers[0] if self.raw else pickle.loads(buffers[0],
-                                                                   buffers=buffers[1:])
+            if self.raw == "array":
+                self._value = np.frombuffer(buffers[0], dtype=np.uint8)   # writable: ours
+            elif self.raw:
+                self._value = buffers[0]
+            else:
+                self._value = pickle.loads(buffers[0], buffers=buffers[1:])
             self._read = True
         return self._value
 
@@ -79,7 +84,7 @@ class PiecedValue(_SegmentedValue):
     there."""
 
     def __init__(self, pieces: list[Any], segments: list[int], places: list[tuple[int, int]],
-                 raw: bool) -> None:
+                 raw: bool | str) -> None:
         super().__init__(segments, raw)
         self.pieces, self.places = pieces, places
 
@@ -110,7 +115,7 @@ class FileValue(_SegmentedValue):
     master): ``.value`` reads it back as :class:`PiecedValue` does; ``destroy()`` removes the
     file (driver side)."""
 
-    def __init__(self, path: str, segments: list[int], raw: bool) -> None:
+    def __init__(self, path: str, segments: list[int], raw: bool | str) -> None:
         super().__init__(segments, raw)
         self.path = path
 
@@ -162,10 +167,11 @@ def pieced_broadcast(broadcast: Callable[[Any], Any], value: Any,
     :class:`PiecedValue` of broadcasts of at most ``piece_bytes`` each, or with ``local_dir``
     (the tasks run on this machine) a :class:`FileValue` there. ``bytes``-like values and flat
     ``uint8`` arrays (a state vector) travel as their own bytes and read back as a
-    ``bytearray`` of them (or :meth:`FileValue.mapped`)."""
-    raw = isinstance(value, (bytes, bytearray, memoryview)) or (
-        isinstance(value, np.ndarray) and value.dtype == np.uint8 and value.ndim == 1 and
-        value.flags.c_contiguous)
+    ``bytearray`` of them, or an array for an array (or :meth:`FileValue.mapped`)."""
+    raw: bool | str = isinstance(value, (bytes, bytearray, memoryview))
+    if (isinstance(value, np.ndarray) and value.dtype == np.uint8 and value.ndim == 1 and
+            value.flags.c_contiguous):
+        raw = "array"
     if raw:
         segments = [memoryview(value).cast("B")]
     else:
