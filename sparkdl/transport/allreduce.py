@@ -41,7 +41,8 @@ from .codecs import ExactCodec, make_codec
 from .flat_layout import ParamLayout
 from .pieced_broadcast import PIECE_BYTES
 from .table_rows import Rows, join_rows, split_rows, sum_rows
-from .frames import collect_messages, keyed_frame, message_frames, read_messages, shuffle_frames
+from .frames import (collect_messages, keyed_frame, message_frames, read_exactly, read_messages,
+                     shuffle_frames)
 from .python_jobs import IterationJobs, JobRdd, PythonJobs
 
 __all__ = ["AllReduceResult", "ShuffleAllReduce", "DriverAllReduce", "block_bounds",
@@ -444,14 +445,9 @@ def write_sum_file(directory: str, k: int, total: np.ndarray) -> str:
 def read_sum_file(path: str, target: np.ndarray) -> None:
     """A block's sum from the file :func:`write_sum_file` wrote, read into ``target`` (its place
     in the summed vector); the file removed."""
-    view = memoryview(target).cast("B")
-    with open(path, "rb") as f:
-        done = 0
-        while done < len(view):
-            n = f.readinto(view[done:])
-            if not n:
-                raise EOFError(f"{path}: a reducer's sum is {done} bytes, not {len(view)}")
-            done += n
+    with open(path, "rb", buffering=0) as f:
+        read_exactly(f, target, f"{path}: a reducer's sum is shorter than {target.nbytes} "
+                                "bytes")
     os.unlink(path)
 
 

@@ -32,8 +32,8 @@ from pyspark.serializers import NoOpSerializer, SpecialLengths, pack_long, read_
 
 from .python_jobs import JobRdd
 
-__all__ = ["MAX_FRAME_BYTES", "raw_output", "shuffle_frames", "keyed_frame", "buffer_frames",
-           "header", "read_header", "join_frames", "message_frames", "read_messages",
+__all__ = ["MAX_FRAME_BYTES", "read_exactly", "raw_output", "shuffle_frames", "keyed_frame",
+           "buffer_frames", "header", "read_header", "join_frames", "message_frames", "read_messages",
            "collect_messages"]
 
 MAX_FRAME_BYTES = 1 << 30
@@ -121,12 +121,15 @@ def _read_bytes(stream: Any, length: int) -> bytes:
     return data
 
 
-def _read_exactly(stream: Any, target: memoryview) -> None:
-    done = 0
-    while done < len(target):
-        n = stream.readinto(target[done:])
+def read_exactly(stream: Any, target: Any,
+                 ended: str = "the driver's result stream ended inside a frame") -> None:
+    """Fill ``target`` (a writable buffer) from ``stream`` (a socket's or a file's), raising
+    ``EOFError(ended)`` if the stream ends first."""
+    view, done = memoryview(target).cast("B"), 0
+    while done < len(view):
+        n = stream.readinto(view[done:])
         if not n:
-            raise EOFError("the driver's result stream ended inside a frame")
+            raise EOFError(ended)
         done += n
 
 
@@ -179,7 +182,7 @@ def collect_messages(rdd: Any, destination: Callable[[Any], Any],
                 if length < 0 or offset + length > len(view):
                     raise ValueError(f"a message of {head!r} is longer than its destination "
                                      f"({len(view)} bytes)")
-                _read_exactly(stream, view[offset:offset + length])
+                read_exactly(stream, view[offset:offset + length])
                 offset += length
             if view is not None and offset != len(view):
                 raise ValueError(f"a message of {head!r} filled {offset} of its destination's "

@@ -36,6 +36,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .frames import read_exactly
+
 __all__ = ["PIECE_BYTES", "PiecedValue", "FileValue", "pieced_broadcast"]
 
 log = logging.getLogger(__name__)
@@ -122,13 +124,8 @@ class FileValue(_SegmentedValue):
     def _fill(self, buffers: list[bytearray]) -> None:
         with open(self.path, "rb", buffering=0) as f:
             for buffer in buffers:
-                view, done = memoryview(buffer), 0
-                while done < len(view):
-                    n = f.readinto(view[done:])
-                    if not n:
-                        raise EOFError(f"{self.path} ended early: it holds a value of "
-                                       f"{self.nbytes} bytes")
-                    done += n
+                read_exactly(f, buffer, f"{self.path} ended early: it holds a value of "
+                                        f"{self.nbytes} bytes")
 
     def mapped(self) -> np.ndarray:
         """A raw value's bytes mapped from its file, copy-on-write (writable, private): its
