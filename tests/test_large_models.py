@@ -140,3 +140,109 @@ def test_a_dead_result_getter_cancels_the_jobs_and_the_fit_names_the_driver(monk
     later = DriverHealth(sc)
     threads[:] = [_Thread("task-result-getter-0"), _Thread("task-result-getter-2")]
     assert later._find_getters() == ["task-result-getter-1"]
+
+
+class _TableNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Embedding(20, 4, sparse=True)
+        self.head = nn.Linear(4, 3)
+        self.unused = nn.Linear(2, 2)          # gets no gradient
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.table(ids))
+
+
+def test_a_task_drops_each_dense_gradient_once_it_is_in_the_vector():
+    """A task holds the gradients once: each dense gradient leaves the model as soon as it is
+    copied into the vector (at a model's size, the vector and the gradients were two copies at
+    once), the same vector and presence as before; the tables' gradients stay for their rows."""
+    from sparkdl.transport.flat_layout import ParamLayout
+
+    torch.manual_seed(0)
+    net = _TableNet()
+    layout = ParamLayout(net)
+    net(torch.tensor([1, 5, 5, 7])).sum().backward()
+    kept, kept_present = layout.gradients(net)
+    assert all(p.grad is not None for n, p in net.named_parameters() if "unused" not in n)
+    vector, present = layout.gradients(net, release=True)
+    assert vector.tobytes() == kept.tobytes() and present.tolist() == kept_present.tolist()
+    assert present.tolist() == [1, 1, 1, 0, 0]
+    grads = {n: p.grad for n, p in net.named_parameters()}
+    assert grads["head.weight"] is None and grads["head.bias"] is None
+    assert grads["table.weight"] is not None and grads["table.weight"].is_sparse
+    assert layout.table_rows(net)[0][0].tolist() == [1, 5, 7]       # the table's rows
+
+
+def test_the_drivers_parameters_are_the_state_it_ships_and_step_as_torchs():
+    """The driver holds the weights once: the model's parameters become views of the state
+    vector that is broadcast (their identity kept, so the optimizer still holds them), an
+    optimizer step writes the state in place, and the state and weights are bitwise those of
+    an unbound model stepping the same gradients; the row-local tables and a reset (a closure
+    optimizer's trial weights) are handled."""
+    from sparkdl.transport.flat_layout import ParamLayout
+    from sparkdl.transport.weight_refresh import DriverWeights
+
+    torch.manual_seed(1)
+    bound_net = _TableNet()
+    plain_net = _TableNet()
+    plain_net.load_state_dict(bound_net.state_dict())
+    layout = ParamLayout(bound_net)
+    ids = [p for p in bound_net.parameters()]
+    bound = DriverWeights(layout, bound_net, [0], bind=True)
+    plain = DriverWeights(layout, plain_net, [0])
+    assert [p for p in bound_net.parameters()] == ids              # the same parameters
+    params = dict(bound_net.named_parameters())
+    assert not np.shares_memory(params["table.weight"].detach().numpy(), bound.state)
+    for name in ("head.weight", "head.bias", "unused.weight"):
+        assert np.shares_memory(params[name].detach().numpy(), bound.state)
+    assert bound.state.tobytes() == plain.state.tobytes()
+    opts = [torch.optim.SGD(n.parameters(), lr=0.1, momentum=0.9)
+            for n in (bound_net, plain_net)]
+    for step in range(3):
+        for net, opt in zip((bound_net, plain_net), opts):
+            opt.zero_grad()
+            net(torch.tensor([step, 3, 9])).pow(2).sum().backward()
+            opt.step()
+        rows = {0: (np.array([step, 3, 9]), np.zeros((3, 4), np.float32))}
+        got, want = bound.advance(bound_net, rows), plain.advance(plain_net, rows)
+        assert got.state.tobytes() == want.state.tobytes()
+        assert all(torch.equal(a, b) for a, b in zip(bound_net.parameters(),
+                                                     plain_net.parameters()))
+    old = bound.state
+    bound.reset(bound_net)
+    assert bound.state is not old
+    assert bound.state.tobytes() == layout.state_vector(bound_net).tobytes()
+    assert np.shares_memory(params["head.weight"].detach().numpy(), bound.state)
+
+
+def test_a_read_value_can_be_forgotten_and_read_again_under_threads(tmp_path):
+    """A task drops the weights' (or model's) bytes once they are in its model; another thread
+    of the task still gets the whole value, read again where needed, never None."""
+    import threading
+
+    from sparkdl.transport.pieced_broadcast import pieced_broadcast
+
+    value = {"w": np.arange(40_000, dtype=np.float32)}
+    handle = pieced_broadcast(lambda v: None, value, piece_bytes=1 << 10, local_dir=str(tmp_path))
+    first = handle.value
+    handle.forget()
+    assert handle._value is None
+    again = handle.value
+    assert again is not first and again["w"].tobytes() == value["w"].tobytes()
+    bad = []
+
+    def read() -> None:
+        for _ in range(200):
+            got = handle.value
+            if got is None or got["w"][-1] != 39_999:
+                bad.append(got)
+            handle.forget()
+
+    threads = [threading.Thread(target=read) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
+    handle.destroy()

@@ -8,7 +8,8 @@ import pytest
 
 from sparkdl.runners.driver_health import driver_heap_failure
 
-from sparkdl.engine.fit.recovery import MAX_REBUILDS, ExecutorMemoryError, run_with_recovery
+from sparkdl.engine.fit.recovery import (MAX_REBUILDS, ExecutorMemoryError, ExecutorsLostError,
+                                         run_with_recovery)
 from sparkdl.runners.cached_rdd import lost_data_reason, memory_kill_reason
 
 YARN_MEMORY = ("Job aborted due to stage failure: Task 3 in stage 7.0 failed 4 times, most recent "
@@ -74,8 +75,24 @@ def test_one_memory_kill_is_rebuilt_once_and_training_goes_on(caplog):
 def test_a_lost_executor_is_rebuilt_up_to_the_limit():
     runner = FakeRunner(*[LOST] * MAX_REBUILDS)
     assert run(runner) == "result" and runner.rebuilds == MAX_REBUILDS
-    with pytest.raises(RuntimeError, match="Command exited with code 137"):
+    with pytest.raises(ExecutorsLostError, match=r"iteration 8: the job lost executor-held "
+                                                 r"data 4 times.*Command exited with code 137.*"
+                                                 r"spark\.executor\.memory\b") as raised:
         run(FakeRunner(*[LOST] * (MAX_REBUILDS + 1)))
+    assert "Command exited with code 137" in str(raised.value.__cause__)
+
+
+STANDALONE_HEAP = LOST.replace("137", "52")
+
+
+def test_an_executor_whose_heap_ran_out_is_a_memory_kill():
+    """A standalone or local-cluster executor whose JVM ran out of heap exits with code 52:
+    rebuilt once, then the memory error naming the settings."""
+    assert memory_kill_reason(RuntimeError(STANDALONE_HEAP)) is not None
+    runner = FakeRunner(STANDALONE_HEAP, STANDALONE_HEAP)
+    with pytest.raises(ExecutorMemoryError, match="code 52.*spark.executor.memory"):
+        run(runner)
+    assert runner.rebuilds == 1
 
 
 def test_other_failures_are_not_retried():

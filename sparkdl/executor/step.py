@@ -222,7 +222,7 @@ def compute_gradient(step: StepSpec, partition: int, shard: Shard | None,
              if len(part)]                    # one part, the whole share, without sub-replicas
     results = run_sub_replicas([
         (lambda s=s, part=part: _share_gradient(step, partition, shard, replica_of(s), part,
-                                                weights)) for s, part in parts])
+                                                weights, len(parts) == 1)) for s, part in parts])
     vector, present, loss, normaliser, report.buffers, rows, _ = results[0]
     report.full_read = any(result[6] for result in results)
     for more, more_present, more_loss, more_normaliser, _, more_rows, _ in results[1:]:
@@ -285,19 +285,31 @@ def chunk_loss(replica: Replica, shard: Shard, chunk: np.ndarray, precision: str
 
 
 def _share_gradient(step: StepSpec, partition: int, shard: Shard, replica: Replica,
-                    indices: np.ndarray, weights: np.ndarray | Refresh
+                    indices: np.ndarray, weights: np.ndarray | Refresh, alone: bool = True
                     ) -> tuple[np.ndarray, np.ndarray, float, float, dict[int, bytes],
                                dict[int, Rows], bool]:
     """One replica's forward and backward over ``indices`` of the partition (in micro-batches):
     its flat vector, the parameters present, its weighted loss, its normaliser, the buffers
-    it changed, its sparse gradients' rows and whether it read the full weights."""
+    it changed, its sparse gradients' rows and whether it read the full weights. ``alone``: no
+    other sub-replica of the task reads the weights, so once they are in the model the task
+    drops its copy of the full state (the replica keeps none without row-local tables) rather
+    than hold a second model-sized object through the backward pass."""
     _check_layout(step, replica)
     model, layout = replica.model, replica.layout
     full_read = False
     if isinstance(weights, Refresh):
-        weights, full_read = sync_replica(replica, weights)
+        refresh = weights
+        state, full_read = sync_replica(replica, refresh)
+        forget = getattr(refresh.full, "forget", None)
+        if alone and replica.refresh_state is None and forget is not None:
+            before: np.ndarray | list[np.ndarray] = layout.buffer_bytes(state)
+            del state
+            forget()
+        else:
+            before = state
     else:
         layout.load_state(model, weights)
+        before = weights
     set_training_modes(model, replica.train_modes)     # as the user left each module
     model.zero_grad(set_to_none=True)
     mean = replica.reduction == "mean"
@@ -319,9 +331,9 @@ def _share_gradient(step: StepSpec, partition: int, shard: Shard, replica: Repli
             factor = weight * step.loss_scale               # the scale is 1 or a power of 2
         (loss * factor).backward()
         loss_sum += float(loss.detach()) * weight
-    vector, present = layout.gradients(model)
+    vector, present = layout.gradients(model, release=True)
     rows = layout.table_rows(model) if layout.tables else {}
-    return (vector, present, loss_sum, normaliser_sum, layout.changed_buffers(model, weights),
+    return (vector, present, loss_sum, normaliser_sum, layout.changed_buffers(model, before),
             rows, full_read)
 
 

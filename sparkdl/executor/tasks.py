@@ -50,7 +50,11 @@ class PickledSpec:
 
     @property
     def value(self) -> Any:
-        return pickle.loads(self.broadcast.value)
+        spec = pickle.loads(self.broadcast.value)
+        forget = getattr(self.broadcast, "forget", None)
+        if forget is not None:      # the bytes of a large model, no longer wanted in the task
+            forget()
+        return spec
 
 
 def task_attempt() -> int:

@@ -70,8 +70,10 @@ __all__ = ["CachedData", "check_unchanged", "clean_workers", "driver_memory_reas
 _LOST_DATA_MARKERS = ("Checkpoint block", "ExecutorLostFailure", "FetchFailed")
 _MEMORY_KILL_MARKERS = ("exceeding memory limits", "exceeding physical memory",
                         "exceeding virtual memory", "OOMKilled", "possible container OOM",
-                        "java.lang.OutOfMemoryError")
-"""How YARN, Kubernetes and the JVM say that an executor died for memory."""
+                        "java.lang.OutOfMemoryError", "exited with code 52",
+                        "exit code 52")
+"""How YARN, Kubernetes and the JVM say that an executor died for memory (52: the exit code
+of an executor whose JVM ran out of heap)."""
 
 
 _TASK_FAILURE_MARKERS = ("Lost task", "stage failure", "ExecutorLostFailure", "executor ")

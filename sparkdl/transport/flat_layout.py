@@ -161,6 +161,25 @@ class ParamLayout:
             out[slot.byte_start:slot.byte_stop] = raw_bytes(tensors[slot.name])
         return out
 
+    def bind_params(self, model: nn.Module, state: np.ndarray, skip: Iterable[int] = ()
+                    ) -> set[int]:
+        """Make each trainable parameter of ``model`` on the CPU (but those numbered in
+        ``skip``) a view of its bytes in ``state``, a vector :meth:`state_vector` made from the
+        same model: the parameter keeps its identity and values, its data now lives in the
+        vector, so the driver holds the weights once rather than twice (model and state).
+        Returns the parameters bound; the optimizer's in-place updates then write the state."""
+        tensors = dict(model.named_parameters())
+        skipped, bound = set(skip), set()
+        with torch.no_grad():
+            for k, slot in enumerate(self.params):
+                p = tensors[slot.name]
+                if k in skipped or p.device.type != "cpu" or p.is_sparse:
+                    continue
+                view = torch.from_numpy(state[slot.byte_start:slot.byte_stop])
+                p.data = view.view(slot.dtype).view(slot.shape)
+                bound.add(k)
+        return bound
+
     def _tensor(self, state: np.ndarray, slot: _Slot) -> torch.Tensor:
         raw = torch.from_numpy(np.array(state[slot.byte_start:slot.byte_stop], copy=True))
         return raw.view(slot.dtype).view(slot.shape)
@@ -191,8 +210,13 @@ class ParamLayout:
         return self._tensor(state, self.buffers[index])
 
     # --------------------------------------------------------------------- task side
-    def gradients(self, model: nn.Module) -> tuple[np.ndarray, np.ndarray]:
-        """The parameters' ``.grad`` as one vector (zeros where None) and which were present."""
+    def gradients(self, model: nn.Module, release: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        """The parameters' ``.grad`` as one vector (zeros where None) and which were present.
+        With ``release``, each dense gradient on the CPU is dropped (``.grad = None``) as soon
+        as it is in the vector, so the task never holds two whole copies of the gradients (the
+        vector, then the gradients it was made from: two model-sized objects at once for a
+        large model); the tables' gradients stay for :meth:`table_rows`."""
         present = np.zeros(len(self.params), dtype=np.int32)
         tensors = dict(model.named_parameters())
         grads = [tensors[slot.name].grad for slot in self.params]
@@ -208,9 +232,13 @@ class ParamLayout:
             pinned.copy_(flat)
             return pinned.numpy().copy(), present
         out = np.zeros(self.size, dtype=self.numpy_dtype)
-        for g, slot in zip(grads, self.params):
+        for k, slot in enumerate(self.params):
+            g, grads[k] = grads[k], None
             if g is not None and not slot.rows:
                 out[slot.start:slot.stop] = g.detach().reshape(-1).to(self.torch_dtype).numpy()
+                if release:
+                    tensors[slot.name].grad = None
+            del g                           # the last reference when released
         return out, present
 
     def table_rows(self, model: nn.Module) -> dict[int, Rows]:
@@ -235,13 +263,22 @@ class ParamLayout:
                 rows[k] = dense_rows(g, self.numpy_dtype)
         return rows
 
-    def changed_buffers(self, model: nn.Module, state: np.ndarray) -> dict[int, bytes]:
-        """The raw bytes of every buffer of ``model`` that differs from its value in ``state``."""
+    def buffer_bytes(self, state: np.ndarray) -> list[np.ndarray]:
+        """A copy of every buffer's bytes in ``state`` (small: a task compares its buffers with
+        them after dropping the state itself)."""
+        return [np.array(state[slot.byte_start:slot.byte_stop], copy=True)
+                for slot in self.buffers]
+
+    def changed_buffers(self, model: nn.Module, state: np.ndarray | Sequence[np.ndarray]
+                        ) -> dict[int, bytes]:
+        """The raw bytes of every buffer of ``model`` that differs from its value in ``state``
+        (a state vector, or what :meth:`buffer_bytes` took from one)."""
         tensors = dict(model.named_buffers())
+        before = (self.buffer_bytes(state) if isinstance(state, np.ndarray) else state)
         changed = {}
         for k, slot in enumerate(self.buffers):
             raw = raw_bytes(tensors[slot.name])
-            if not np.array_equal(raw, state[slot.byte_start:slot.byte_stop]):
+            if not np.array_equal(raw, before[k]):
                 changed[k] = raw.tobytes()
         return changed
 

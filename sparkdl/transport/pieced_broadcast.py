@@ -64,20 +64,27 @@ class _SegmentedValue:
 
     @property
     def value(self) -> Any:
-        if not self._read:
+        value = self._value
+        if not self._read:      # (a local: another thread's forget() cannot make it None)
             buffers = [bytearray(n) for n in self.segments]
             self._fill(buffers)
             if self.raw == "array":
-                self._value = np.frombuffer(buffers[0], dtype=np.uint8)   # writable: ours
+                value = np.frombuffer(buffers[0], dtype=np.uint8)   # writable: ours
             elif self.raw:
-                self._value = buffers[0]
+                value = buffers[0]
             else:
-                self._value = pickle.loads(buffers[0], buffers=buffers[1:])
-            self._read = True
-        return self._value
+                value = pickle.loads(buffers[0], buffers=buffers[1:])
+            self._value, self._read = value, True
+        return value
 
     def _fill(self, buffers: list[bytearray]) -> None:
         raise NotImplementedError
+
+    def forget(self) -> None:
+        """Drop the value this task read (it is read again if asked for): a task that has
+        copied it where it belongs need not hold it while it computes. Not while another thread
+        of the task may be reading it."""
+        self._value, self._read = None, False
 
 
 class PiecedValue(_SegmentedValue):

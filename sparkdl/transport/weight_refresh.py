@@ -9,7 +9,10 @@ rest: layers, buffers, tables under other optimizers). A model without such tabl
 whole state every iteration, as before.
 
 * Driver: :class:`DriverWeights` keeps the state vector up to date in place, at the cost of the
-  rest plus the changed rows (no pass over a table), and knows what changed.
+  rest plus the changed rows (no pass over a table), and knows what changed. With ``bind`` the
+  model's parameters (but the row-local tables) are views of the vector, so the optimizer's
+  step writes it and the driver holds the weights once (a large model's state would otherwise
+  be a second copy of it).
   :class:`RefreshPublisher` broadcasts a **full copy** at the start and whenever the deltas since
   the last full copy would outgrow it (the delta into it is kept as a bridge, so up-to-date
   replicas do not load it), and a delta otherwise; the task gets a :class:`Refresh`: handles
@@ -187,12 +190,15 @@ class DriverWeights:
     """The driver's state vector, kept current in place (see the module docstring)."""
 
     def __init__(self, layout: ParamLayout, model: nn.Module, row_local: Sequence[int],
-                 version: int = 0) -> None:
+                 version: int = 0, bind: bool = False) -> None:
         self.layout, self.model = layout, model
         self.row_local = sorted(row_local)
         self.rest_ranges = _rest_ranges(layout, set(self.row_local))
         self.rest_bytes = sum(b - a for a, b in self.rest_ranges)
+        self.bind = bind
         self.state = layout.state_vector(model)
+        # bound: the model's parameters are views of the state (the weights held once)
+        self._bound = layout.bind_params(model, self.state, self.row_local) if bind else set()
         self.version = version
         self._changed: dict[int, np.ndarray] | None = None
 
@@ -221,6 +227,8 @@ class DriverWeights:
         """The model changed in ways the deltas cannot say (a closure's trial weights, a
         restore): the whole vector is taken anew and the next refresh is a full copy."""
         self.state = self.layout.state_vector(model)
+        if self.bind:
+            self._bound = self.layout.bind_params(model, self.state, self.row_local)
         self.version += 1
         self._changed = None
         return self.current()
@@ -232,7 +240,7 @@ class DriverWeights:
         tensors.update(dict(model.named_buffers()))
         local = set(self.row_local)
         for k, slot in enumerate(self.layout.params):
-            if k not in local:
+            if k not in local and k not in self._bound:     # a bound one is there already
                 self.state[slot.byte_start:slot.byte_stop] = raw_bytes(tensors[slot.name])
         for slot in self.layout.buffers:
             self.state[slot.byte_start:slot.byte_stop] = raw_bytes(tensors[slot.name])

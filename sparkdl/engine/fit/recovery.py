@@ -19,7 +19,8 @@ from typing import Callable, TypeVar
 from ...errors import SparkdlError
 from ...runners.interface import DataHandle, IterationRunner
 
-__all__ = ["MAX_REBUILDS", "run_with_recovery", "ExecutorMemoryError", "DriverMemoryError"]
+__all__ = ["MAX_REBUILDS", "run_with_recovery", "ExecutorMemoryError", "ExecutorsLostError",
+           "DriverMemoryError"]
 
 log = logging.getLogger("sparkdl")
 
@@ -31,6 +32,10 @@ T = TypeVar("T")
 
 class ExecutorMemoryError(SparkdlError, MemoryError):
     """An executor was killed for exceeding its memory, again after a rebuild."""
+
+
+class ExecutorsLostError(SparkdlError):
+    """Jobs kept losing executor-held data, through every rebuild allowed."""
 
 
 class DriverMemoryError(SparkdlError, MemoryError):
@@ -68,8 +73,17 @@ def run_with_recovery(runner: IterationRunner, data: DataHandle, job: Callable[[
                     raise ExecutorMemoryError(_memory_message(what, memory)) from exc
                 log.warning("%s: an executor was killed for exceeding its memory (%s); "
                             "rebuilding once, in case the limit was hit by chance", what, memory)
-            if reason is None and memory is None or attempt == MAX_REBUILDS:
+            if reason is None and memory is None:
                 raise
+            if attempt == MAX_REBUILDS:
+                raise ExecutorsLostError(
+                    f"{what}: the job lost executor-held data {MAX_REBUILDS + 1} times in a row, "
+                    f"through {MAX_REBUILDS} rebuilds (the last time: {reason or memory}). "
+                    "Executors that keep being lost are often out of memory without saying so: "
+                    "look for OutOfMemoryError or exit code 52 (the executor's JVM heap: "
+                    "spark.executor.memory) or 137 (killed by the machine or the cluster "
+                    "manager: spark.executor.memoryOverhead, spark.executor.pyspark.memory) in "
+                    "the executors' logs.") from exc
             runner.rebuild(data, f"the job of {what} lost executor-held data "
                                  f"({reason or memory})")
             continue

@@ -101,7 +101,8 @@ class SyncStep:
         else its lifecycle starts and the weights to ship are taken."""
         if not self.lifecycle.start():
             return False
-        self._weights = DriverWeights(self.ctx.layout, self.ctx.model, self._row_local())
+        self._weights = DriverWeights(self.ctx.layout, self.ctx.model, self._row_local(),
+                                      bind=self._binds())
         self._next_weights = self._weights.current()
         return True
 
@@ -203,6 +204,12 @@ class SyncStep:
                                      scheduler_due and life.metric_scheduler)
 
     # ------------------------------------------------------------------ the weights' refresh
+    def _binds(self) -> bool:
+        """Whether the model's parameters become views of the state vector (the weights held
+        once on the driver): not for a closure optimizer, whose step restores the state from
+        before it after a non-finite trial (the state must not move with the parameters)."""
+        return not self._closure
+
     def _row_local(self) -> set[int]:
         ctx = self.ctx
         return set(row_local_tables(ctx.layout, ctx.model, optimizer_members(ctx.optimizer)))
@@ -219,7 +226,7 @@ class SyncStep:
                      "settings changed); the weights are sent whole once", ctx.iteration + 1,
                      [ctx.layout.params[k].name for k in sorted(local)] or "none")
             self._weights = DriverWeights(ctx.layout, ctx.model, sorted(local),
-                                          self._weights.version + 1)
+                                          self._weights.version + 1, bind=self._binds())
             return self._weights.current()
         return self._weights.advance(ctx.model, result.rows)
 
