@@ -209,6 +209,14 @@ def test_the_drivers_parameters_are_the_state_it_ships_and_step_as_torchs():
         assert got.state.tobytes() == want.state.tobytes()
         assert all(torch.equal(a, b) for a, b in zip(bound_net.parameters(),
                                                      plain_net.parameters()))
+    # a parameter that is a view of a larger tensor of the user's stays tied to it
+    flat = torch.zeros(10)
+    tied = nn.Linear(2, 2)
+    tied.weight = nn.Parameter(flat[:4].view(2, 2))
+    tied_layout = ParamLayout(tied)
+    tied_weights = DriverWeights(tied_layout, tied, [], bind=True)
+    assert tied.weight.data_ptr() == flat.data_ptr()
+    assert np.shares_memory(tied.bias.detach().numpy(), tied_weights.state)
     old = bound.state
     bound.reset(bound_net)
     assert bound.state is not old
@@ -246,3 +254,34 @@ def test_a_read_value_can_be_forgotten_and_read_again_under_threads(tmp_path):
         t.join()
     assert not bad
     handle.destroy()
+
+
+def test_a_python_worker_killed_in_every_attempt_ends_the_fit_naming_memory(sc):
+    """A task's Python worker killed without a Python error (what the machine's out-of-memory
+    killer does to the largest process) ends the fit at once with the memory error, not a raw
+    Spark error and no rebuild of the shards."""
+    import signal
+    import time
+
+    from models import SmallNet, classification_data, make_rdd
+    from sparkdl import DistriOptimizer
+    from sparkdl.engine.fit.recovery import ExecutorMemoryError
+    from sparkdl.triggers import MaxIteration
+
+    def killed_in_tasks(out, y):
+        from pyspark import TaskContext
+
+        if TaskContext.get() is not None:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return nn.functional.cross_entropy(out, y)
+
+    x, y = classification_data(40, seed=2)
+    net = SmallNet()
+    fit = DistriOptimizer(net, make_rdd(sc, list(zip(x, y)), [20, 20]), killed_in_tasks,
+                          torch.optim.SGD(net.parameters(), lr=0.1), batch_size=8,
+                          end_trigger=MaxIteration(2), seed=1, progress_bar=False)
+    started = time.time()
+    with pytest.raises(ExecutorMemoryError, match=r"iteration 1: a task's Python worker died.*"
+                                                  r"spark\.executor\.pyspark\.memory"):
+        fit.optimize()
+    assert time.time() - started < 60

@@ -127,3 +127,18 @@ def test_a_driver_out_of_memory_is_reported_as_such_and_rebuilds_nothing():
     assert memory_kill_reason(RuntimeError(EXECUTOR_HEAP)) is not None
     runner = FakeRunner(EXECUTOR_HEAP)
     assert run(runner) == "result" and runner.rebuilds == 1
+
+
+CRASH = ("Job aborted due to stage failure: Task 1 in stage 2.0 failed 1 times, most recent "
+         "failure: Lost task 1.0 in stage 2.0 (TID 5) (localhost executor driver): "
+         "org.apache.spark.SparkException: Python worker exited unexpectedly (crashed)")
+
+
+def test_a_python_worker_killed_ends_the_fit_at_once_naming_its_memory():
+    """A task's Python worker that dies without a Python error (the machine's or a container's
+    out-of-memory killer) through Spark's retries: the memory error at once, no rebuild."""
+    runner = FakeRunner(CRASH, CRASH)
+    with pytest.raises(ExecutorMemoryError, match=r"iteration 8: a task's Python worker died.*"
+                                                  r"crashed.*spark\.executor\.pyspark\.memory"):
+        run(runner)
+    assert runner.rebuilds == 0

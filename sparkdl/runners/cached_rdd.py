@@ -105,6 +105,19 @@ def memory_kill_reason(exc: BaseException) -> str | None:
     return None
 
 
+_WORKER_CRASH_MARKERS = ("Python worker exited unexpectedly",)
+"""How Spark says that a task's Python worker died without a Python error (killed)."""
+
+
+def worker_crash_reason(exc: BaseException) -> str | None:
+    """The line saying that a task's Python worker died without raising (in practice killed
+    for memory: by the operating system, or by a container limit), or None."""
+    for line in str(exc).splitlines():
+        if any(marker in line for marker in _WORKER_CRASH_MARKERS):
+            return line.strip(" :")[:300]
+    return None
+
+
 def lost_data_reason(exc: BaseException) -> str | None:
     """If a Spark job failed because executor-held data was lost (a lost executor), which a
     rebuild of the shards repairs, the line of the error that says so; otherwise None."""

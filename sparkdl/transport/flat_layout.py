@@ -29,6 +29,7 @@ Example::
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -167,13 +168,22 @@ class ParamLayout:
         ``skip``) a view of its bytes in ``state``, a vector :meth:`state_vector` made from the
         same model: the parameter keeps its identity and values, its data now lives in the
         vector, so the driver holds the weights once rather than twice (model and state).
-        Returns the parameters bound; the optimizer's in-place updates then write the state."""
+        Returns the parameters bound; the optimizer's in-place updates then write the state.
+        A parameter that does not own its storage alone (a view of a larger tensor, a flat
+        buffer of the user's, storage shared with another parameter or buffer) is left as it
+        is: binding it would untie it."""
         tensors = dict(model.named_parameters())
+        users = Counter(t.untyped_storage().data_ptr() for t in
+                        [*tensors.values(), *(b for _, b in model.named_buffers())]
+                        if not t.is_sparse)
         skipped, bound = set(skip), set()
         with torch.no_grad():
             for k, slot in enumerate(self.params):
                 p = tensors[slot.name]
                 if k in skipped or p.device.type != "cpu" or p.is_sparse:
+                    continue
+                if (users[p.untyped_storage().data_ptr()] > 1 or p.storage_offset()
+                        or p.untyped_storage().nbytes() != p.numel() * p.element_size()):
                     continue
                 view = torch.from_numpy(state[slot.byte_start:slot.byte_stop])
                 p.data = view.view(slot.dtype).view(slot.shape)

@@ -17,6 +17,7 @@ import logging
 from typing import Callable, TypeVar
 
 from ...errors import SparkdlError
+from ...runners.cached_rdd import worker_crash_reason
 from ...runners.interface import DataHandle, IterationRunner
 
 __all__ = ["MAX_REBUILDS", "run_with_recovery", "ExecutorMemoryError", "ExecutorsLostError",
@@ -31,7 +32,8 @@ T = TypeVar("T")
 
 
 class ExecutorMemoryError(SparkdlError, MemoryError):
-    """An executor was killed for exceeding its memory, again after a rebuild."""
+    """An executor was killed for exceeding its memory, again after a rebuild; or a task's
+    Python worker was killed (for memory) through Spark's retries."""
 
 
 class ExecutorsLostError(SparkdlError):
@@ -52,6 +54,18 @@ def _memory_message(what: str, line: str) -> str:
             "(micro_batch_size / microBatchSize), fewer tasks per executor, or more partitions.")
 
 
+def _crash_message(what: str, line: str) -> str:
+    return (f"{what}: a task's Python worker died without an error of its own, after Spark's "
+            f"retries ({line}). A Python worker dies this way when it is killed for memory: by "
+            "the operating system when the machine runs out (on a local master the driver, "
+            "every task's model with its gradient and Spark share one machine), or by the "
+            "cluster manager's limit on the executor's container. Give the Python workers more "
+            "memory (spark.executor.pyspark.memory, spark.executor.memoryOverhead; a larger "
+            "machine for a local master), or use fewer tasks per executor or smaller "
+            "micro-batches (micro_batch_size / microBatchSize). Nothing was rebuilt: the "
+            "executors' data is not at fault.")
+
+
 def run_with_recovery(runner: IterationRunner, data: DataHandle, job: Callable[[], T],
                       missing: Callable[[T], list[int]], what: str) -> T:
     """``job()``, rebuilt and re-run while it lost ``data`` (at most :data:`MAX_REBUILDS`
@@ -66,6 +80,9 @@ def run_with_recovery(runner: IterationRunner, data: DataHandle, job: Callable[[
                 raise DriverMemoryError(f"{what}: {driver} Nothing was rebuilt: the executors' "
                                         "data is not at fault.") from exc
             reason = runner.lost_data_reason(exc)
+            crash = worker_crash_reason(exc)
+            if crash is not None and reason is None:
+                raise ExecutorMemoryError(_crash_message(what, crash)) from exc
             memory = runner.memory_kill_reason(exc)
             if memory is not None:
                 memory_kills += 1
