@@ -183,6 +183,7 @@ def test_after_a_miss_only_the_missing_vector_and_the_reduce_are_computed_again(
     # the undisturbed job gives the same bits
     undisturbed = allreduce.run(index, lambda p, _: (vectors[p], _Report(p, False)))
     assert np.array_equal(undisturbed.vector, result.vector)
+    getattr(allreduce, "settle", lambda: None)()
 
 
 @pytest.mark.parametrize("codec_name", [None, "bf16"])
@@ -389,8 +390,8 @@ def test_a_vector_above_a_jobs_share_is_collected_in_several_jobs_with_the_same_
         sc, monkeypatch):
     """Issue 54: blocks no larger than a job may hand the driver, each job collecting as many
     as fit (the later jobs run only reduce tasks over the map outputs), and bitwise the sum of
-    one job; a miss is completed the same way. On a local master the reducers' sums reach the
-    driver as files instead (one job, nothing through the JVM, the files removed): the same
+    one job; a miss is completed the same way. On a local master the vectors and the reducers'
+    sums travel as files instead (one job, nothing through the JVM, the files removed): the same
     bits."""
     from models import JobCounter
     from sparkdl.transport.allreduce import ShuffleAllReduce, job_intake, shuffle_blocks
@@ -405,7 +406,8 @@ def test_a_vector_above_a_jobs_share_is_collected_in_several_jobs_with_the_same_
         return vectors[partition], _Report(partition, False)
 
     index = sc.parallelize(range(n), n).cache()
-    whole = ShuffleAllReduce(size, np.float32, 3).run(index, local_fn)
+    whole_reduce = ShuffleAllReduce(size, np.float32, 3)
+    whole = whole_reduce.run(index, local_fn)
     assert np.array_equal(whole.vector, vectors[0] + vectors[1] + vectors[2] + vectors[3])
     job_bytes = 10_000                     # a 40 KB vector: 5 blocks of 8 KB...
     local_dir = PythonJobs.of(sc).local_dir
@@ -414,6 +416,16 @@ def test_a_vector_above_a_jobs_share_is_collected_in_several_jobs_with_the_same_
     with JobCounter(sc) as jobs:
         assert np.array_equal(in_files.run(index, local_fn).vector, whole.vector)
     assert jobs.count == 1 and not [f for f in os.listdir(local_dir) if "sparkdl-sum" in f]
+    # each map task's vector went to one file (the shuffle carried its name), kept until the
+    # result is final (a miss's completion reads them again), then removed
+    map_dir = in_files._map_dir
+    assert os.path.dirname(map_dir) == local_dir
+    files = os.listdir(map_dir)
+    assert len(files) == n and all(
+        os.path.getsize(os.path.join(map_dir, f)) == size * 4 for f in files)
+    in_files.settle()
+    assert not os.path.exists(map_dir) and in_files._map_dir is None
+    whole_reduce.settle()
     monkeypatch.setattr(PythonJobs.of(sc), "_local_dir", None)   # as on a cluster: one per job
     blocks = shuffle_blocks(size * 4, n, job_bytes)
     assert blocks == 5

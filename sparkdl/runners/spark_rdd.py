@@ -305,10 +305,15 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
             task = PassGradientTask(data.data_key, tasks, sizes,
                                     fits[0].layout.numpy_dtype.str, live=live)
             allreduce = self._pass_allreduce(numbers, sizes, data)
-        result = allreduce.run(data.iteration_rdd(), task, self._resources)
-        result = complete_misses(
-            result, lambda missing: data.fill(missing, task, self._resources),
-            allreduce.complete, data.num_partitions)
+        try:
+            result = allreduce.run(data.iteration_rdd(), task, self._resources)
+            result = complete_misses(
+                result, lambda missing: data.fill(missing, task, self._resources),
+                allreduce.complete, data.num_partitions)
+        finally:
+            settle = getattr(allreduce, "settle", None)    # the shuffle's: its map files
+            if settle is not None:
+                settle()
         data.after_iteration(result.reports)
         result.broadcast_s = broadcast_s
         return [result] if len(fits) == 1 else split_pass_result(result, sizes)

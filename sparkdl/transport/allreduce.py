@@ -12,9 +12,12 @@ how the sum is made. Two ways exist:
   the driver in jobs of at most ``job_bytes`` each (the later jobs run only reduce tasks, over
   the map outputs Spark keeps): no object in the driver's JVM grows with the model, and no job's
   results exceed ``spark.driver.maxResultSize`` (:func:`driver_job_bytes`). On a ``local[...]``
-  master (where the reducers run on the driver's machine) each reducer writes its sum to a file
-  the driver's Python reads instead (:attr:`PythonJobs.local_dir`): the sums do not pass through
-  the JVM at all, and one job collects them.
+  master (every task runs on the driver's machine) the data goes through files instead
+  (:attr:`PythonJobs.local_dir`): each map task writes its vector to one file and the shuffle
+  carries only its name (an uncompressed vector), each reducer reads its block of every file
+  (mapped) and writes its sum to a file the driver's Python reads; one job, and neither the
+  vectors nor the sums pass through the JVM. The map files are removed once the iteration's
+  result is final (:meth:`ShuffleAllReduce.settle`).
 * :class:`DriverAllReduce` (for small models): one stage; each task returns its whole vector and
   the driver sums them in partition order.
 
@@ -29,6 +32,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -279,17 +284,29 @@ class ShuffleAllReduce:
                            // self.num_blocks for k, n in (table_rows or {}).items()}
         self._shuffled: JobRdd | None = None     # the last run's shuffle, for complete()
         self._jobs = IterationJobs("sparkdl iteration (shuffle all-reduce)")
+        self._map_dir: str | None = None          # the last run's map files (a local master)
 
     def run(self, index_rdd: RDD, local_fn: LocalFn, resources: Any = None) -> AllReduceResult:
         """One job: ``local_fn`` on every partition of ``index_rdd`` (in a stage that asks for
         ``resources``, a ResourceProfile, when given; the reduce stage asks for none)."""
         submitted_at = time.time()
         index = self._jobs.index(index_rdd)
+        self.settle()
+        local_dir = index.jobs.local_dir
+        if local_dir is not None and isinstance(self.codec, ExactCodec):
+            self._map_dir = tempfile.mkdtemp(prefix="sparkdl-maps-", dir=local_dir)
         mapped = index.jobs.map_partitions(
             index, ShuffleMapSide(local_fn, self.bounds, self.num_blocks, self.codec,
-                                  self.row_bounds), resources)
+                                  self.row_bounds, self._map_dir), resources)
         self._shuffled = shuffle_frames(mapped, self.num_blocks)
         return self._reduce(None, submitted_at)
+
+    def settle(self) -> None:
+        """The last run's map files removed (once its result, completed or not, is final: the
+        next :meth:`run` does it too)."""
+        if self._map_dir is not None:
+            shutil.rmtree(self._map_dir, ignore_errors=True)
+            self._map_dir = None
 
     def complete(self, result: AllReduceResult, filled: dict[int, tuple[Any, Any]]
                  ) -> AllReduceResult:
@@ -313,8 +330,10 @@ class ShuffleAllReduce:
             return
         self._told = True
         if result_dir is not None:
-            log.info("the sums of %d blocks reach the driver as files on this machine (a local "
-                     "master), not through the JVM", self.num_blocks)
+            log.info("the vectors and the sums of %d blocks travel as files on this machine (a "
+                     "local master), not through the JVM%s", self.num_blocks,
+                     "" if self._map_dir is not None else
+                     " (the sums only: compressed vectors go through the shuffle)")
         elif jobs > 1:
             log.info("the sums of %d blocks of %.1f MiB reach the driver in %d jobs of at most "
                      "%.1f MiB each (a job's share of the driver's heap and of "
@@ -371,6 +390,7 @@ class ShuffleMapSide:
     num_blocks: int
     codec: Any
     row_bounds: dict[Any, np.ndarray]     # by parameter, or a pass's (fit, parameter)
+    map_dir: str | None = None            # a local master's: the vector goes to a file there
 
     def __call__(self, partition: int, records: Iterator[Any]) -> Iterator[Any]:
         summaries = list(records)
@@ -378,11 +398,16 @@ class ShuffleMapSide:
         report, rows = _rows_by_block(report, self.row_bounds, self.num_blocks)
         absent = getattr(report, "absent", ())
         bounds = self.bounds
+        where = None
+        if vector is not None and self.map_dir is not None:
+            # one file the reducers read their blocks from; the shuffle carries its name
+            where = write_vector_file(self.map_dir, f"map-{partition}",
+                                      self.codec.encode(vector, 0))    # in the sum's dtype
         for k in range(self.num_blocks):
-            block = (None if vector is None else
+            block = (None if vector is None or where is not None else
                      self.codec.encode(vector[bounds[k]:bounds[k + 1]], int(bounds[k])))
             for frame in message_frames((partition, report if k == 0 else None, rows[k],
-                                         absent), block):
+                                         absent, where), block):
                 yield from keyed_frame(k, frame)
 
 
@@ -406,9 +431,12 @@ class ShuffleReduceSide:
         codec, row_bounds = self.codec, self.row_bounds
         lo, hi = int(self.bounds[k]), int(self.bounds[k + 1])
         parts, reports, row_parts, absent = [], [], [], {}
-        for (partition, report, rows, holes), payload in read_messages(frames):
+        for (partition, report, rows, holes, where), payload in read_messages(frames):
             if partition in filled:
                 continue
+            if where is not None:       # the map task's vector in a file: this block of it
+                payload = np.memmap(where, dtype=self.dtype, mode="r", shape=(hi - lo,),
+                                    offset=lo * self.dtype.itemsize)
             parts.append((partition, payload))
             row_parts.append((partition, rows))
             absent[partition] = holes
@@ -433,13 +461,18 @@ class ShuffleReduceSide:
             total)
 
 
-def write_sum_file(directory: str, k: int, total: np.ndarray) -> str:
-    """Block ``k``'s sum written to a new file under ``directory`` (a name of its own per task
-    attempt: a retried or speculative reducer never writes over another's); its path."""
-    path = os.path.join(directory, f"sparkdl-sum-{k}-{uuid.uuid4().hex}")
+def write_vector_file(directory: str, name: str, values: np.ndarray) -> str:
+    """``values`` written to a new file under ``directory`` (``name`` and a suffix of its own
+    per task attempt: a retried or speculative task never writes over another's); its path."""
+    path = os.path.join(directory, f"{name}-{uuid.uuid4().hex}")
     with open(path, "wb") as out:
-        out.write(memoryview(np.ascontiguousarray(total)).cast("B"))
+        out.write(memoryview(np.ascontiguousarray(values)).cast("B"))
     return path
+
+
+def write_sum_file(directory: str, k: int, total: np.ndarray) -> str:
+    """Block ``k``'s sum written to a new file under ``directory``: its path."""
+    return write_vector_file(directory, f"sparkdl-sum-{k}", total)
 
 
 def read_sum_file(path: str, target: np.ndarray) -> None:
