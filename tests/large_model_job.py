@@ -5,6 +5,7 @@ broadcasts into pieces the fit was refused (the whole vector in one job's result
 
     python large_model_job.py OUT.pt [MASTER]   # default local-cluster[2,1,1024]
     python large_model_job.py --driver-oom     # the driver's heap runs out: prints the error
+    python large_model_job.py --executor-oom   # the same job on local-cluster: the executors'
 
 Trains a pass of two synchronous fits (SGD with momentum, two learning rates: the pass's
 vector is 160 MiB) and one fit in local rounds (H = 2, averaged), and saves their initial and
@@ -82,8 +83,9 @@ def main() -> None:
     from sparkdl.metrics import Loss
     from sparkdl.triggers import MaxIteration, SeveralIteration
 
-    if sys.argv[1] == "--driver-oom":
-        spark = (spark_builder("local[2]").config("spark.driver.memory", "512m")
+    if sys.argv[1] in ("--driver-oom", "--executor-oom"):
+        master = "local[2]" if sys.argv[1] == "--driver-oom" else "local-cluster[2,1,1024]"
+        spark = (spark_builder(master).config("spark.driver.memory", "512m")
                  .config("spark.sparkdl.driverJobBytes", "400m").getOrCreate())
         spark.sparkContext.setLogLevel("OFF")
         driver_oom(spark)

@@ -118,6 +118,28 @@ def worker_crash_reason(exc: BaseException) -> str | None:
     return None
 
 
+def executors_removed_for_memory(sc: Any, seen: set[str]) -> str | None:
+    """Which executor Spark removed for memory (its JVM's exit code 52, a memory kill a cluster
+    manager reported), from the application's status store, or None; those it names are added
+    to ``seen`` and not named again. A job whose executors died of it often says only that a
+    block is gone (the retried task finds no checkpoint block), not why."""
+    try:
+        executors = sc._jsc.sc().statusStore().executorList(False)
+        found = []
+        for i in range(executors.size()):
+            summary = executors.apply(i)
+            reason = summary.removeReason()
+            text = str(reason.get()) if reason.isDefined() else ""
+            if str(summary.id()) not in seen and any(m in text for m in _MEMORY_KILL_MARKERS):
+                seen.add(str(summary.id()))
+                found.append(f"executor {summary.id()} was removed: {text}")
+    except Exception:       # noqa: BLE001 - a diagnosis only: the job's own error stands
+        return None
+    if not found:
+        return None
+    return found[0] + (f" (and {len(found) - 1} more)" if len(found) > 1 else "")
+
+
 def lost_data_reason(exc: BaseException) -> str | None:
     """If a Spark job failed because executor-held data was lost (a lost executor), which a
     rebuild of the shards repairs, the line of the error that says so; otherwise None."""

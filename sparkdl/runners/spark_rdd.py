@@ -30,7 +30,8 @@ import numpy as np
 from ..executor.live_runs import live_runs, new_key, release_key
 from ..spark_settings import (shard_replicas, spark_flag, spark_number, spark_setting,
                               speculation_never_fires)
-from .cached_rdd import (CachedData, clean_workers, lost_data_reason, memory_kill_reason,
+from .cached_rdd import (CachedData, clean_workers, executors_removed_for_memory,
+                         lost_data_reason, memory_kill_reason,
                          shard_place)
 from .held_data import complete_misses, not_found
 from .round_broadcasts import RoundBroadcasts
@@ -72,6 +73,7 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
         self._broadcast: Any = None
         """What the fits' weight refreshes broadcast with: one broadcast per value, or during a
         pass's iteration a :class:`BroadcastBundle` (one broadcast for every fit's values)."""
+        self._memory_deaths: set[str] = set()   # executors already named as out of memory
         self._closed: list[str] = []      # the replicas' keys of fits closed before the runner
         self._rounds = RoundBroadcasts(sc)
         self._health = DriverHealth(sc)
@@ -322,7 +324,12 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
         return lost_data_reason(exc)
 
     def memory_kill_reason(self, exc: BaseException) -> str | None:
-        return memory_kill_reason(exc)
+        """Why ``exc`` is an executor's memory: its own words, or, for a job that lost
+        executor-held data, an executor Spark removed for memory meanwhile."""
+        said = memory_kill_reason(exc)
+        if said is None and lost_data_reason(exc) is not None:
+            said = executors_removed_for_memory(self.spark_context, self._memory_deaths)
+        return said
 
     def driver_failure(self, exc: BaseException) -> str | None:
         """Why ``exc`` is the driver's memory, or None (:mod:`.driver_health`)."""

@@ -399,7 +399,7 @@ class ShuffleMapSide:
         absent = getattr(report, "absent", ())
         bounds = self.bounds
         where = None
-        if vector is not None and self.map_dir is not None:
+        if vector is not None and vector.size and self.map_dir is not None:
             # one file the reducers read their blocks from; the shuffle carries its name
             where = write_vector_file(self.map_dir, f"map-{partition}",
                                       self.codec.encode(vector, 0))    # in the sum's dtype

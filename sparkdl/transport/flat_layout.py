@@ -29,7 +29,6 @@ Example::
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -169,26 +168,30 @@ class ParamLayout:
         same model: the parameter keeps its identity and values, its data now lives in the
         vector, so the driver holds the weights once rather than twice (model and state).
         Returns the parameters bound; the optimizer's in-place updates then write the state.
-        A parameter that does not own its storage alone (a view of a larger tensor, a flat
-        buffer of the user's, storage shared with another parameter or buffer) is left as it
-        is: binding it would untie it."""
+
+        Only a parameter whose data no other tensor can see is bound (:func:`sole_owner`): one
+        that shares its storage with any other tensor (a ``state_dict()`` taken earlier, a
+        view of a flat buffer, a tied weight's alias) or that is not contiguous keeps its data,
+        so every tensor the user holds on it still follows training. (A numpy array the
+        parameter was made from with ``torch.from_numpy`` does not: read the parameter.)"""
         tensors = dict(model.named_parameters())
-        users = Counter(t.untyped_storage().data_ptr() for t in
-                        [*tensors.values(), *(b for _, b in model.named_buffers())]
-                        if not t.is_sparse)
         skipped, bound = set(skip), set()
         with torch.no_grad():
             for k, slot in enumerate(self.params):
                 p = tensors[slot.name]
-                if k in skipped or p.device.type != "cpu" or p.is_sparse:
-                    continue
-                if (users[p.untyped_storage().data_ptr()] > 1 or p.storage_offset()
-                        or p.untyped_storage().nbytes() != p.numel() * p.element_size()):
+                if k in skipped or p.device.type != "cpu" or not sole_owner(p):
                     continue
                 view = torch.from_numpy(state[slot.byte_start:slot.byte_stop])
                 p.data = view.view(slot.dtype).view(slot.shape)
                 bound.add(k)
         return bound
+
+    def bound_in(self, p: torch.Tensor, state: np.ndarray, k: int) -> bool:
+        """Whether ``p`` (parameter ``k``) still is the view of ``state`` that
+        :meth:`bind_params` made (code that replaces a parameter's ``.data``, as
+        ``vector_to_parameters`` does, unbinds it)."""
+        return (p.data_ptr() == state.ctypes.data + self.params[k].byte_start
+                and p.is_contiguous())
 
     def _tensor(self, state: np.ndarray, slot: _Slot) -> torch.Tensor:
         raw = torch.from_numpy(np.array(state[slot.byte_start:slot.byte_stop], copy=True))
@@ -324,6 +327,29 @@ class ParamLayout:
             for k, value in values.items():
                 slot = self.buffers[k]
                 tensors[slot.name].copy_(value.view(slot.shape))
+
+
+def _baseline_use_count() -> int | None:
+    use_count = getattr(torch._C, "_storage_Use_Count", None)
+    if use_count is None:
+        return None
+    t = torch.empty(1)
+    return int(use_count(t.untyped_storage()._cdata))
+
+
+_BASELINE_USE_COUNT = _baseline_use_count()
+
+
+def sole_owner(p: torch.Tensor) -> bool:
+    """Whether ``p`` is the only tensor on its storage, all of it, contiguous and dense. False
+    where torch cannot say how many tensors share a storage. (A numpy array a parameter was
+    made from with ``torch.from_numpy`` is not a tensor: torch cannot see it.)"""
+    if p.is_sparse or not p.is_contiguous() or p.storage_offset() or _BASELINE_USE_COUNT is None:
+        return False
+    storage = p.untyped_storage()
+    if storage.nbytes() != p.numel() * p.element_size():
+        return False
+    return int(torch._C._storage_Use_Count(storage._cdata)) == _BASELINE_USE_COUNT
 
 
 def combine_buffers(layout: ParamLayout, state: np.ndarray,

@@ -65,7 +65,7 @@ class _SegmentedValue:
     @property
     def value(self) -> Any:
         value = self._value
-        if not self._read:      # (a local: another thread's forget() cannot make it None)
+        if not self._read or value is None:    # (a local: a forget() cannot make it None)
             buffers = [bytearray(n) for n in self.segments]
             self._fill(buffers)
             if self.raw == "array":

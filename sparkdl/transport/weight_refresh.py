@@ -240,8 +240,12 @@ class DriverWeights:
         tensors.update(dict(model.named_buffers()))
         local = set(self.row_local)
         for k, slot in enumerate(self.layout.params):
-            if k not in local and k not in self._bound:     # a bound one is there already
-                self.state[slot.byte_start:slot.byte_stop] = raw_bytes(tensors[slot.name])
+            if k in local:
+                continue
+            if k in self._bound and self.layout.bound_in(tensors[slot.name], self.state, k):
+                continue                    # a bound one is there already
+            self.state[slot.byte_start:slot.byte_stop] = raw_bytes(tensors[slot.name])
+            self._bound.discard(k)          # its data was replaced: copied from now on
         for slot in self.layout.buffers:
             self.state[slot.byte_start:slot.byte_stop] = raw_bytes(tensors[slot.name])
         changed = {}

@@ -56,10 +56,12 @@ def _memory_message(what: str, line: str) -> str:
 
 def _crash_message(what: str, line: str) -> str:
     return (f"{what}: a task's Python worker died without an error of its own, after Spark's "
-            f"retries ({line}). A Python worker dies this way when it is killed for memory: by "
-            "the operating system when the machine runs out (on a local master the driver, "
-            "every task's model with its gradient and Spark share one machine), or by the "
-            "cluster manager's limit on the executor's container. Give the Python workers more "
+            f"retries ({line}). A Python worker dies this way almost always because it was "
+            "killed for memory: by the operating system when the machine runs out (on a local "
+            "master the driver, every task's model with its gradient and Spark share one "
+            "machine), or by the cluster manager's limit on the executor's container (a crash "
+            "in native code ends the same way: the executor's stderr then shows it, and no "
+            "setting helps). For memory, give the Python workers more "
             "memory (spark.executor.pyspark.memory, spark.executor.memoryOverhead; a larger "
             "machine for a local master), or use fewer tasks per executor or smaller "
             "micro-batches (micro_batch_size / microBatchSize). Nothing was rebuilt: the "
