@@ -94,14 +94,19 @@ def driver_memory_reason(exc: BaseException) -> str | None:
     return first_java[:300]
 
 
-def memory_kill_reason(exc: BaseException) -> str | None:
+def memory_kill_reason(exc: BaseException, sc: Any = None,
+                       seen: set[str] | None = None) -> str | None:
     """The line saying that an executor was killed for exceeding its memory, or None (a driver
-    out of heap is not one: :func:`driver_memory_reason`)."""
+    out of heap is not one: :func:`driver_memory_reason`). With ``sc``: for a job that lost
+    executor-held data without saying why, an executor Spark removed for memory meanwhile
+    (:func:`executors_removed_for_memory`, not naming those in ``seen`` again)."""
     if driver_memory_reason(exc) is not None:
         return None
     for line in str(exc).splitlines():
         if any(marker in line for marker in _MEMORY_KILL_MARKERS):
             return line.strip(" :")[:300]
+    if sc is not None and lost_data_reason(exc) is not None:
+        return executors_removed_for_memory(sc, seen if seen is not None else set())
     return None
 
 

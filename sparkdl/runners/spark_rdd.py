@@ -30,8 +30,7 @@ import numpy as np
 from ..executor.live_runs import live_runs, new_key, release_key
 from ..spark_settings import (shard_replicas, spark_flag, spark_number, spark_setting,
                               speculation_never_fires)
-from .cached_rdd import (CachedData, clean_workers, executors_removed_for_memory,
-                         lost_data_reason, memory_kill_reason,
+from .cached_rdd import (CachedData, clean_workers, lost_data_reason, memory_kill_reason,
                          shard_place)
 from .held_data import complete_misses, not_found
 from .round_broadcasts import RoundBroadcasts
@@ -313,9 +312,7 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
                 result, lambda missing: data.fill(missing, task, self._resources),
                 allreduce.complete, data.num_partitions)
         finally:
-            settle = getattr(allreduce, "settle", None)    # the shuffle's: its map files
-            if settle is not None:
-                settle()
+            allreduce.settle()          # the shuffle's map files, once the result is final
         data.after_iteration(result.reports)
         result.broadcast_s = broadcast_s
         return [result] if len(fits) == 1 else split_pass_result(result, sizes)
@@ -324,12 +321,7 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
         return lost_data_reason(exc)
 
     def memory_kill_reason(self, exc: BaseException) -> str | None:
-        """Why ``exc`` is an executor's memory: its own words, or, for a job that lost
-        executor-held data, an executor Spark removed for memory meanwhile."""
-        said = memory_kill_reason(exc)
-        if said is None and lost_data_reason(exc) is not None:
-            said = executors_removed_for_memory(self.spark_context, self._memory_deaths)
-        return said
+        return memory_kill_reason(exc, self.spark_context, self._memory_deaths)
 
     def driver_failure(self, exc: BaseException) -> str | None:
         """Why ``exc`` is the driver's memory, or None (:mod:`.driver_health`)."""

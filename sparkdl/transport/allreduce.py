@@ -527,6 +527,9 @@ class DriverAllReduce:
         self.codec = codec if codec is not None else ExactCodec(self.dtype)
         self._jobs = IterationJobs("sparkdl iteration (driver all-reduce)")
 
+    def settle(self) -> None:
+        """Nothing to remove: the vectors travel as the tasks' results."""
+
     def run(self, index_rdd: RDD, local_fn: LocalFn, resources: Any = None) -> AllReduceResult:
         """One job, one stage (asking for ``resources`` when given)."""
         submitted_at = time.time()
