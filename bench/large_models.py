@@ -13,7 +13,8 @@ fails prints why (the sparkdl error's class, or the time limit). Models:
   Global batch 8 sequences.
 
 Per-iteration time: the median gap between consecutive iterations after the first two (rounds:
-the median of rounds 2-4's times over their H iterations). Samples per second: the global batch over it.
+the median of rounds 2 to ``--rounds`` (4) times over their H iterations; ``largest`` probes
+of large models use ``--rounds 2``). Samples per second: the global batch over it.
 Each run's peak memory (the machine's, sampled) is reported beside it.
 
     python bench/large_models.py curve --heap 2g --sizes 20 80 300 --runners sync rounds td
@@ -105,7 +106,7 @@ def measure_sparkdl(args: Any) -> dict[str, Any]:
     rdd = spark.sparkContext.parallelize(list(zip(x, y)), PARTITIONS)
     model = make_model(args.kind, args.millions)
     rounds = args.runner == "rounds"
-    iterations = 4 * LOCAL_STEPS if rounds else args.iterations
+    iterations = args.rounds * LOCAL_STEPS if rounds else args.iterations
     stamps: list[float] = []
     marks: list[tuple[int, float]] = []        # (iteration, when the trigger first saw it)
 
@@ -122,7 +123,7 @@ def measure_sparkdl(args: Any) -> dict[str, Any]:
                           local_steps=LOCAL_STEPS if rounds else 1,
                           outer_optimizer="average" if rounds else None)
     fit.optimize()
-    if rounds:       # the trigger sees a round's iterations at its end: rounds 2-4's median
+    if rounds:       # the trigger sees a round's iterations at its end: rounds 2-N's median
         ends = [(it, t) for k, (it, t) in enumerate(marks)
                 if k + 1 == len(marks) or marks[k + 1][1] - t > 1e-3]
         seconds = statistics.median((t1 - t0) / (i1 - i0)
@@ -194,11 +195,12 @@ def _available_gib() -> float:
 
 
 def run_one(runner: str, kind: str, millions: float, heap: str, iterations: int,
-            timeout: float) -> dict[str, Any]:
+            timeout: float, rounds: int = 4) -> dict[str, Any]:
     """One measurement in a process of its own; ``peak_gib``: the most memory the machine had in
     use beyond what it had before the run (sampled every 0.2 s)."""
     cmd = [sys.executable, os.path.abspath(__file__), "measure", "--runner", runner, "--kind",
-           kind, "--millions", str(millions), "--heap", heap, "--iterations", str(iterations)]
+           kind, "--millions", str(millions), "--heap", heap, "--iterations", str(iterations),
+           "--rounds", str(rounds)]
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
     before = _available_gib()
     lowest = before
@@ -246,7 +248,8 @@ def sweep(args: Any, stop_at_failure: bool) -> None:
     rows = []
     for runner in args.runners:
         for millions in args.sizes:
-            row = run_one(runner, args.kind, millions, args.heap, args.iterations, args.timeout)
+            row = run_one(runner, args.kind, millions, args.heap, args.iterations, args.timeout,
+                          args.rounds)
             row.update(runner=runner, kind=args.kind, millions=millions, heap=args.heap)
             rows.append(row)
             show([row])
@@ -305,6 +308,8 @@ def main() -> None:
     p.add_argument("--sizes", type=float, nargs="+", default=[20, 80, 300])
     p.add_argument("--heap", default="2g")
     p.add_argument("--iterations", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=4,
+                   help="rounds of a rounds fit (its time: the median of rounds 2 to N)")
     p.add_argument("--timeout", type=float, default=900)
     args = p.parse_args()
     if args.command == "measure":

@@ -6,6 +6,8 @@ broadcasts into pieces the fit was refused (the whole vector in one job's result
     python large_model_job.py OUT.pt [MASTER]   # default local-cluster[2,1,1024]
     python large_model_job.py --driver-oom     # the driver's heap runs out: prints the error
     python large_model_job.py --executor-oom   # the same job on local-cluster: the executors'
+    python large_model_job.py --getter-oom     # local-cluster, 2g executors: the driver's
+                                               # result-fetching threads run out
 
 Trains a pass of two synchronous fits (SGD with momentum, two learning rates: the pass's
 vector is 160 MiB) and one fit in local rounds (H = 2, averaged), and saves their initial and
@@ -83,9 +85,13 @@ def main() -> None:
     from sparkdl.metrics import Loss
     from sparkdl.triggers import MaxIteration, SeveralIteration
 
-    if sys.argv[1] in ("--driver-oom", "--executor-oom"):
-        master = "local[2]" if sys.argv[1] == "--driver-oom" else "local-cluster[2,1,1024]"
-        spark = (spark_builder(master).config("spark.driver.memory", "512m")
+    if sys.argv[1] in ("--driver-oom", "--executor-oom", "--getter-oom"):
+        master = {"--driver-oom": "local[2]", "--executor-oom": "local-cluster[2,1,1024]",
+                  "--getter-oom": "local-cluster[2,1,2048]"}[sys.argv[1]]
+        builder = spark_builder(master)
+        if sys.argv[1] == "--getter-oom":     # executors that hold their results easily
+            builder = builder.config("spark.executor.memory", "2048m")
+        spark = (builder.config("spark.driver.memory", "512m")
                  .config("spark.sparkdl.driverJobBytes", "400m").getOrCreate())
         spark.sparkContext.setLogLevel("OFF")
         driver_oom(spark)

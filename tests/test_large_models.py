@@ -92,6 +92,25 @@ def test_a_driver_out_of_heap_ends_the_fit_with_an_error_naming_the_driver():
 
 
 @pytest.mark.cluster
+def test_a_result_fetching_thread_out_of_heap_ends_the_fit_naming_the_driver():
+    """On local-cluster with 2g executors (which hold their 160 MB results easily) and a 512m
+    driver, Spark's default settings otherwise: the driver's result-fetching threads run out of
+    heap fetching the results, each result counts as lost and its task runs again, until the
+    results sent again pass spark.driver.maxResultSize (it counts every attempt's). The fit
+    ends with sparkdl's error naming the driver's result-fetching threads and the setting to
+    raise, not py4j's error about maxResultSize (which no fit of sparkdl's reaches alone) and
+    not as an executor's failure."""
+    proc = _run("--getter-oom")
+    assert "error=DriverMemoryError" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    message = proc.stdout.split("message=")[1].splitlines()[0]
+    assert message.startswith("iteration 1: the driver's result-fetching threads lost the "
+                              "tasks' results"), message
+    assert "spark.driver.memory" in message and "spark.driver.maxResultSize" in message
+    assert "executor was killed" not in proc.stderr and "rebuil" not in proc.stderr
+    assert float(proc.stdout.split("seconds=")[1].split()[0]) < 60
+
+
+@pytest.mark.cluster
 def test_executors_out_of_heap_end_the_fit_with_the_executors_memory_error():
     """The same job on local-cluster: the executors' JVMs (1g) run out of heap holding 160 MB
     results and exit (code 52); the job itself says only that a checkpoint block is gone. The
@@ -156,6 +175,53 @@ def test_a_dead_result_getter_cancels_the_jobs_and_the_fit_names_the_driver(monk
     later = DriverHealth(sc)
     threads[:] = [_Thread("task-result-getter-0"), _Thread("task-result-getter-2")]
     assert later._find_getters() == ["task-result-getter-1"]
+
+
+def _conf_sc(settings: dict[str, int], heap: int = 512 * 2**20):
+    """A SparkContext's stand-in for the settings DriverHealth reads: sizes in bytes."""
+    conf = SimpleNamespace(getSizeAsBytes=lambda key, default: settings.get(key, 2**30),
+                           get=lambda key, default="": str(settings.get(key, default)))
+    runtime = SimpleNamespace(maxMemory=lambda: heap)
+    jvm = SimpleNamespace(java=SimpleNamespace(lang=SimpleNamespace(
+        Runtime=SimpleNamespace(getRuntime=lambda: runtime))))
+    return SimpleNamespace(master="local-cluster[2,1,2048]", _jvm=jvm, _gateway=None,
+                           _jsc=SimpleNamespace(sc=lambda: SimpleNamespace(
+                               conf=lambda: conf, isStopped=lambda: False)))
+
+
+def test_results_lost_on_the_way_to_the_driver_are_the_drivers_memory():
+    """A result-getter thread that runs out of heap fetching a result from an executor does
+    not die: Spark counts the result as lost and runs the task again. Both ways that job ends
+    (a task failed spark.task.maxFailures times; the results sent again passing
+    spark.driver.maxResultSize, which no job of a fit reaches alone) name the driver's
+    result-fetching threads; a maxResultSize that the user's spark.sparkdl.driverJobBytes lets
+    one job pass is said to be that."""
+    from sparkdl.runners.driver_health import DriverHealth
+
+    health = DriverHealth(_conf_sc({"spark.driver.maxResultSize": 2**30}))
+    lost = RuntimeError("org.apache.spark.SparkException: Job aborted due to stage failure: "
+                        "Task 1 in stage 1.0 failed 4 times, most recent failure: Lost task 1.3 "
+                        "in stage 1.0 (TID 8) (127.0.0.1 executor 0): TaskResultLost (result "
+                        "lost from block manager)\n\tat org.apache.spark.Foo")
+    reason = health.failure(lost)
+    assert reason.startswith("the driver's result-fetching threads lost the tasks' results: "
+                             "org.apache.spark.SparkException: Job aborted"), reason
+    assert "spark.driver.memory" in reason
+    above = RuntimeError("Job aborted due to stage failure: Total size of serialized results "
+                         "of 7 tasks (1073.1 MiB) is bigger than spark.driver.maxResultSize "
+                         "(1024.0 MiB)")
+    reason = health.failure(above)
+    assert reason.startswith("the driver's result-fetching threads lost the tasks' results and "
+                             "the results sent again passed the limit"), reason
+    assert "at most 64 MiB each" in reason       # an eighth of 512 MiB: the fit's own jobs
+    chosen = DriverHealth(_conf_sc({"spark.driver.maxResultSize": 2**30,
+                                    "spark.sparkdl.driverJobBytes": 2**31}))
+    reason = chosen.failure(above)
+    assert "spark.sparkdl.driverJobBytes (2048 MiB) lets one job hand the driver more than " \
+           "spark.driver.maxResultSize (1024 MiB)" in reason, reason
+    # an executor's failure is not the driver's
+    assert health.failure(RuntimeError("ExecutorLostFailure (executor 1 exited caused by one "
+                                       "of the running tasks)")) is None
 
 
 class _TableNet(nn.Module):

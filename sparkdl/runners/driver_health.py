@@ -9,7 +9,12 @@ A job's results pass through the driver's JVM. When it runs out of heap:
   JVM (exit code 52), every later call fails, and the job's error says the SparkContext was
   shut down;
 * in a ``task-result-getter`` thread, which deserialises the tasks' results, the thread dies and
-  the job never ends (Spark catches only non-fatal errors there).
+  the job never ends (Spark catches only non-fatal errors there);
+* while a ``task-result-getter`` thread fetches a result from an executor's block manager (on a
+  cluster), the fetch fails, the result counts as lost (``TaskResultLost``) and the task is run
+  again: the job ends once a task has failed ``spark.task.maxFailures`` times, or once the
+  results sent again pass ``spark.driver.maxResultSize`` (which counts every attempt's), its
+  error never naming the memory.
 
 :class:`DriverHealth` tells these apart from an executor's memory (which a rebuild of the
 shards may help) for :func:`sparkdl.engine.fit.recovery.run_with_recovery`, and its watch thread
@@ -48,6 +53,8 @@ SPARK_OOM_EXIT_CODE = 52
 """The exit code of a Spark JVM whose handler saw an ``OutOfMemoryError``."""
 
 _GETTER = "task-result-getter"
+_LOST_RESULT = "TaskResultLost"
+_RESULTS_ABOVE_LIMIT = "is bigger than spark.driver.maxResultSize"
 _SHUT_DOWN = ("SparkContext was shut down", "SparkContext has been shutdown",
               "Cannot call methods on a stopped SparkContext")
 _ADVICE = ("Give the driver more memory: spark.driver.memory (its JVM heap holds the tasks' "
@@ -113,13 +120,42 @@ class DriverHealth:
             why = (" after an OutOfMemoryError (Spark's exit code 52)"
                    if code == SPARK_OOM_EXIT_CODE else "")
             return f"the driver's JVM exited with code {code}{why}. {_ADVICE}."
-        reason = driver_heap_failure(exc, self.local)
+        reason = driver_heap_failure(exc, self.local) or self._lost_results(text)
         if reason is not None:
             return reason
         if stopping:
             return ("the SparkContext stopped during the fit (the driver's log says why; the "
                     "driver's JVM running out of heap is the usual cause). " + _ADVICE + ".")
         return None
+
+    def _lost_results(self, text: str) -> str | None:
+        """Why a job whose tasks' results the driver failed to fetch failed (see the module
+        docstring), or None."""
+        lines = [line.strip(" :") for line in text.splitlines()]
+        lost = next((line for line in lines if _LOST_RESULT in line), None)
+        if lost is not None:
+            return (f"the driver's result-fetching threads lost the tasks' results: {lost[:300]} "
+                    "(fetching a result ran the driver's heap out: the driver's log has the "
+                    f"java.lang.OutOfMemoryError). {_ADVICE}.")
+        above = next((line for line in lines if _RESULTS_ABOVE_LIMIT in line), None)
+        if above is None:
+            return None
+        try:
+            share = driver_job_share(self.sc)
+            limit = int(self.sc._jsc.sc().conf().getSizeAsBytes("spark.driver.maxResultSize",
+                                                                  "1g"))
+        except Exception:       # noqa: BLE001 - the context is gone: the general advice stands
+            share = limit = 0
+        if share and limit and share > limit:
+            return (f"{above[:300]}: spark.sparkdl.driverJobBytes ({share / 2**20:.0f} MiB) "
+                    "lets one job hand the driver more than spark.driver.maxResultSize "
+                    f"({limit / 2**20:.0f} MiB). Lower the one or raise the other (and "
+                    "spark.driver.memory with it).")
+        return (f"the driver's result-fetching threads lost the tasks' results and the results "
+                f"sent again passed the limit: {above[:300]} (this fit's jobs hand the driver "
+                f"at most {share / 2**20:.0f} MiB each, so only results fetched again reach it; "
+                "fetching them ran the driver's heap out: the driver's log has the "
+                f"java.lang.OutOfMemoryError). {_ADVICE}.")
 
     def _stopped(self) -> bool:
         try:
