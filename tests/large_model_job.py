@@ -45,6 +45,35 @@ def data() -> tuple[np.ndarray, np.ndarray]:
     return x, (0.5 * x + 0.1 * rng.standard_normal(x.shape)).astype(np.float32)
 
 
+def _watchdog(spark, seconds: float) -> None:
+    """A fit that has not ended after ``seconds`` hangs: print ``hung=SECONDS`` and the driver
+    JVM's threads (jstack) for the test's failure message, then exit."""
+    import subprocess
+    import threading
+
+    def bite() -> None:
+        proc = getattr(spark.sparkContext._gateway, "proc", None)
+        print(f"hung={seconds}", flush=True)
+        try:                     # a JDK's jstack, where there is one
+            dump = subprocess.run(["jstack", str(proc.pid)], capture_output=True, text=True,
+                                  timeout=30).stdout if proc is not None else ""
+        except Exception as exc:  # noqa: BLE001 - the exit below is what matters
+            dump = f"no thread dump: {exc}"
+        if dump:
+            threads = [block for block in dump.split("\n\n")
+                       if any(k in block for k in ("task-result-getter", "dag-scheduler",
+                                                    "Executor task launch", "SIGTERM",
+                                                    "shutdown-hook", "Thread-0\""))]
+            print("threads=" + " | ".join(b.replace("\n", " ")[:400] for b in threads),
+                  flush=True)
+            sys.stderr.write(dump)
+        os._exit(3)
+
+    timer = threading.Timer(seconds, bite)
+    timer.daemon = True
+    timer.start()
+
+
 def driver_oom(spark) -> None:
     """A 40 M-parameter model on the driver path, every partition's 160 MB vector in one job,
     with ``spark.sparkdl.driverJobBytes`` allowing that on a 512m heap: a local master's tasks
@@ -64,6 +93,7 @@ def driver_oom(spark) -> None:
                           batch_size=16, end_trigger=MaxIteration(2), seed=1,
                           allreduce="driver", progress_bar=False)
     started = time.perf_counter()
+    _watchdog(spark, 120)
     try:
         fit.optimize()
         print("error=None")
@@ -93,7 +123,8 @@ def main() -> None:
             builder = builder.config("spark.executor.memory", "2048m")
         spark = (builder.config("spark.driver.memory", "512m")
                  .config("spark.sparkdl.driverJobBytes", "400m").getOrCreate())
-        spark.sparkContext.setLogLevel("OFF")
+        # the getters' case: the driver's log shows the fetches failing of OutOfMemoryError
+        spark.sparkContext.setLogLevel("WARN" if sys.argv[1] == "--getter-oom" else "OFF")
         driver_oom(spark)
         return
     # a cluster's way (on a local master the sums and large broadcasts go as files instead)

@@ -94,18 +94,20 @@ def test_a_driver_out_of_heap_ends_the_fit_with_an_error_naming_the_driver():
 @pytest.mark.cluster
 def test_a_result_fetching_thread_out_of_heap_ends_the_fit_naming_the_driver():
     """On local-cluster with 2g executors (which hold their 160 MB results easily) and a 512m
-    driver, Spark's default settings otherwise: the driver's result-fetching threads run out of
-    heap fetching the results, each result counts as lost and its task runs again, until the
-    results sent again pass spark.driver.maxResultSize (it counts every attempt's). The fit
-    ends with sparkdl's error naming the driver's result-fetching threads and the setting to
-    raise, not py4j's error about maxResultSize (which no fit of sparkdl's reaches alone) and
-    not as an executor's failure."""
+    driver, Spark's default settings otherwise: fetching the results runs the driver's heap out
+    (its log says so), each result counts as lost and its task runs again, until the results
+    sent again pass spark.driver.maxResultSize (it counts every attempt's) or a task has
+    failed four times, whichever comes first. The fit ends with sparkdl's error naming the
+    driver's result-fetching threads, the heap that filled up and the settings to change, not
+    py4j's error and not as an executor's failure."""
     proc = _run("--getter-oom")
     assert "error=DriverMemoryError" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    assert "java.lang.OutOfMemoryError: Java heap space" in proc.stderr   # the mechanism
     message = proc.stdout.split("message=")[1].splitlines()[0]
     assert message.startswith("iteration 1: the driver's result-fetching threads lost the "
                               "tasks' results"), message
-    assert "spark.driver.memory" in message and "spark.driver.maxResultSize" in message
+    assert "fetching them filled the driver's heap (" in message and "full collections" in message
+    assert "spark.driver.memory" in message and "spark.sparkdl.driverJobBytes (400m" in message
     assert "executor was killed" not in proc.stderr and "rebuil" not in proc.stderr
     assert float(proc.stdout.split("seconds=")[1].split()[0]) < 60
 
@@ -177,51 +179,93 @@ def test_a_dead_result_getter_cancels_the_jobs_and_the_fit_names_the_driver(monk
     assert later._find_getters() == ["task-result-getter-1"]
 
 
-def _conf_sc(settings: dict[str, int], heap: int = 512 * 2**20):
-    """A SparkContext's stand-in for the settings DriverHealth reads: sizes in bytes."""
+def _conf_sc(settings: dict[str, int], peak: tuple[int, int], full: list[int] | None = None,
+             heap: int = 512 * 2**20):
+    """A SparkContext's stand-in for what DriverHealth reads: settings (sizes in bytes), the
+    heap's pools (G1's: the old generation's peak ``peak``, used and limit) and its collectors
+    (``full[0]``: how many full collections so far)."""
+    full = full if full is not None else [0]
     conf = SimpleNamespace(getSizeAsBytes=lambda key, default: settings.get(key, 2**30),
                            get=lambda key, default="": str(settings.get(key, default)))
     runtime = SimpleNamespace(maxMemory=lambda: heap)
+
+    def pool(name, used, limit, kind="Heap memory"):
+        usage = SimpleNamespace(getUsed=lambda: used, getMax=lambda: limit)
+        return SimpleNamespace(getName=lambda: name,
+                               getType=lambda: SimpleNamespace(toString=lambda: kind),
+                               getUsage=lambda: usage, getPeakUsage=lambda: usage)
+
+    pools = [pool("G1 Eden Space", 60 << 20, -1), pool("G1 Old Gen", *peak),
+             pool("Metaspace", 90 << 20, -1, "Non-heap memory")]
+    collectors = [SimpleNamespace(getName=lambda: "G1 Young Generation",
+                                  getCollectionCount=lambda: 50),
+                  SimpleNamespace(getName=lambda: "G1 Old Generation",
+                                  getCollectionCount=lambda: full[0])]
+    management = SimpleNamespace(ManagementFactory=SimpleNamespace(
+        getMemoryPoolMXBeans=lambda: pools, getGarbageCollectorMXBeans=lambda: collectors))
     jvm = SimpleNamespace(java=SimpleNamespace(lang=SimpleNamespace(
-        Runtime=SimpleNamespace(getRuntime=lambda: runtime))))
+        Runtime=SimpleNamespace(getRuntime=lambda: runtime), management=management)))
     return SimpleNamespace(master="local-cluster[2,1,2048]", _jvm=jvm, _gateway=None,
                            _jsc=SimpleNamespace(sc=lambda: SimpleNamespace(
                                conf=lambda: conf, isStopped=lambda: False)))
 
 
-def test_results_lost_on_the_way_to_the_driver_are_the_drivers_memory():
-    """A result-getter thread that runs out of heap fetching a result from an executor does
-    not die: Spark counts the result as lost and runs the task again. Both ways that job ends
-    (a task failed spark.task.maxFailures times; the results sent again passing
+def test_results_lost_on_the_way_to_the_driver_are_the_drivers_memory_when_its_heap_filled():
+    """A fetch of a result too large for the driver's free heap fails without killing the
+    result-getter thread: Spark counts the result as lost and runs the task again. Both ways
+    that job ends (a task failed spark.task.maxFailures times; the results sent again passing
     spark.driver.maxResultSize, which no job of a fit reaches alone) name the driver's
-    result-fetching threads; a maxResultSize that the user's spark.sparkdl.driverJobBytes lets
-    one job pass is said to be that."""
+    result-fetching threads when the heap's old generation peaked near its limit during the
+    fit, and keep the job's own error when it did not (a block manager out of reach); a
+    maxResultSize that the user's spark.sparkdl.driverJobBytes lets one job pass is said to
+    be that."""
     from sparkdl.runners.driver_health import DriverHealth
 
-    health = DriverHealth(_conf_sc({"spark.driver.maxResultSize": 2**30}))
     lost = RuntimeError("org.apache.spark.SparkException: Job aborted due to stage failure: "
                         "Task 1 in stage 1.0 failed 4 times, most recent failure: Lost task 1.3 "
                         "in stage 1.0 (TID 8) (127.0.0.1 executor 0): TaskResultLost (result "
                         "lost from block manager)\n\tat org.apache.spark.Foo")
-    reason = health.failure(lost)
-    assert reason.startswith("the driver's result-fetching threads lost the tasks' results: "
-                             "org.apache.spark.SparkException: Job aborted"), reason
-    assert "spark.driver.memory" in reason
     above = RuntimeError("Job aborted due to stage failure: Total size of serialized results "
                          "of 7 tasks (1073.1 MiB) is bigger than spark.driver.maxResultSize "
                          "(1024.0 MiB)")
-    reason = health.failure(above)
+    full = DriverHealth(_conf_sc({"spark.driver.maxResultSize": 2**30}, (436 << 20, 512 << 20)))
+    reason = full.failure(lost)
+    assert reason.startswith("the driver's result-fetching threads lost the tasks' results: "
+                             "org.apache.spark.SparkException: Job aborted"), reason
+    assert "its largest pool peaking at 436 of 512 MiB during the fit" in reason
+    assert "spark.driver.memory" in reason and "driverJobBytes" not in reason
+    reason = full.failure(above)
     assert reason.startswith("the driver's result-fetching threads lost the tasks' results and "
                              "the results sent again passed the limit"), reason
     assert "at most 64 MiB each" in reason       # an eighth of 512 MiB: the fit's own jobs
+    # full collections of the heap during the fit are the evidence too (a humongous result
+    # fails to be allocated with the old generation at 72%: seen on a 512m heap)
+    full_gcs = [3]
+    collected = DriverHealth(_conf_sc({"spark.driver.maxResultSize": 2**30},
+                                      (370 << 20, 512 << 20), full_gcs))
+    collected.watch()
+    collected.stop()
+    assert collected.failure(lost) is None           # none since the watch started
+    full_gcs[0] = 20
+    assert "(17 full collections of its heap, its largest pool peaking at 370 of 512 MiB " \
+           "during the fit;" in collected.failure(lost)
+    # the heap never filled: not the driver's memory (a block manager the driver cannot reach)
+    calm = DriverHealth(_conf_sc({"spark.driver.maxResultSize": 2**30}, (300 << 20, 512 << 20)))
+    assert calm.failure(lost) is None and calm.failure(above) is None
     chosen = DriverHealth(_conf_sc({"spark.driver.maxResultSize": 2**30,
-                                    "spark.sparkdl.driverJobBytes": 2**31}))
+                                    "spark.sparkdl.driverJobBytes": 2**31},
+                                   (300 << 20, 512 << 20)))
     reason = chosen.failure(above)
     assert "spark.sparkdl.driverJobBytes (2048 MiB) lets one job hand the driver more than " \
            "spark.driver.maxResultSize (1024 MiB)" in reason, reason
+    # the setting named when it made the jobs larger than an eighth of the heap
+    big_jobs = DriverHealth(_conf_sc({"spark.driver.maxResultSize": 2**30,
+                                      "spark.sparkdl.driverJobBytes": 400 << 20},
+                                     (436 << 20, 512 << 20)))
+    assert "or lower spark.sparkdl.driverJobBytes (419430400;" in big_jobs.failure(lost)
     # an executor's failure is not the driver's
-    assert health.failure(RuntimeError("ExecutorLostFailure (executor 1 exited caused by one "
-                                       "of the running tasks)")) is None
+    assert full.failure(RuntimeError("ExecutorLostFailure (executor 1 exited caused by one "
+                                     "of the running tasks)")) is None
 
 
 class _TableNet(nn.Module):

@@ -10,11 +10,14 @@ A job's results pass through the driver's JVM. When it runs out of heap:
   shut down;
 * in a ``task-result-getter`` thread, which deserialises the tasks' results, the thread dies and
   the job never ends (Spark catches only non-fatal errors there);
-* while a ``task-result-getter`` thread fetches a result from an executor's block manager (on a
-  cluster), the fetch fails, the result counts as lost (``TaskResultLost``) and the task is run
-  again: the job ends once a task has failed ``spark.task.maxFailures`` times, or once the
-  results sent again pass ``spark.driver.maxResultSize`` (which counts every attempt's), its
-  error never naming the memory.
+* in the transport's thread that receives a result for a ``task-result-getter`` thread (on a
+  cluster, from an executor's block manager): the fetch fails, the result counts as lost
+  (``TaskResultLost``) and the task is run again; the job ends once a task has failed
+  ``spark.task.maxFailures`` times, or once the results sent again pass
+  ``spark.driver.maxResultSize`` (which counts every attempt's), its error never naming the
+  memory. sparkdl calls it the driver's memory when the heap filled up during the fit (full
+  collections, or its largest pool's peak: :data:`HEAP_FULL_SHARE`); a result lost otherwise (an executor's block
+  manager out of the driver's reach) keeps the job's own error.
 
 :class:`DriverHealth` tells these apart from an executor's memory (which a rebuild of the
 shards may help) for :func:`sparkdl.engine.fit.recovery.run_with_recovery`, and its watch thread
@@ -42,18 +45,25 @@ from ..spark_settings import DRIVER_JOB_BYTES, spark_bytes, spark_setting
 from ..transport.allreduce import driver_job_bytes
 from .cached_rdd import driver_memory_reason
 
-__all__ = ["DriverHealth", "driver_heap_failure", "driver_job_share", "WATCH_SECONDS", "SPARK_OOM_EXIT_CODE"]
+__all__ = ["DriverHealth", "driver_heap_failure", "driver_job_share", "WATCH_SECONDS",
+           "HEAP_FULL_SHARE", "SPARK_OOM_EXIT_CODE"]
 
 log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 2.0
 """How often the watch looks at the result-getter threads."""
 
+HEAP_FULL_SHARE = 0.75
+"""A lost result is the driver's memory when the JVM collected its whole heap during the fit
+(it does before every ``OutOfMemoryError``), or when the heap's largest pool (the old
+generation) peaked at this share of its limit or more."""
+
 SPARK_OOM_EXIT_CODE = 52
 """The exit code of a Spark JVM whose handler saw an ``OutOfMemoryError``."""
 
 _GETTER = "task-result-getter"
 _LOST_RESULT = "TaskResultLost"
+_FULL_COLLECTORS = ("Old Generation", "MarkSweep")
 _RESULTS_ABOVE_LIMIT = "is bigger than spark.driver.maxResultSize"
 _SHUT_DOWN = ("SparkContext was shut down", "SparkContext has been shutdown",
               "Cannot call methods on a stopped SparkContext")
@@ -92,6 +102,7 @@ class DriverHealth:
         self.local = master.startswith("local") and not master.startswith("local-cluster")
         self._threads: dict[str, Any] = {}
         self._dead: str | None = None
+        self._full_at_watch: int | None = None
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
 
@@ -129,33 +140,78 @@ class DriverHealth:
         return None
 
     def _lost_results(self, text: str) -> str | None:
-        """Why a job whose tasks' results the driver failed to fetch failed (see the module
-        docstring), or None."""
+        """Why a job whose tasks' results the driver failed to fetch failed, when its heap
+        filled up meanwhile (see the module docstring), or None. A result lost without the
+        heap filling (an executor's block manager the driver could not reach) is not the
+        driver's memory: the job's own error stands."""
         lines = [line.strip(" :") for line in text.splitlines()]
         lost = next((line for line in lines if _LOST_RESULT in line), None)
-        if lost is not None:
-            return (f"the driver's result-fetching threads lost the tasks' results: {lost[:300]} "
-                    "(fetching a result ran the driver's heap out: the driver's log has the "
-                    f"java.lang.OutOfMemoryError). {_ADVICE}.")
         above = next((line for line in lines if _RESULTS_ABOVE_LIMIT in line), None)
-        if above is None:
+        if lost is None and above is None:
             return None
         try:
             share = driver_job_share(self.sc)
             limit = int(self.sc._jsc.sc().conf().getSizeAsBytes("spark.driver.maxResultSize",
                                                                   "1g"))
+            chosen = spark_setting(self.sc, DRIVER_JOB_BYTES)
         except Exception:       # noqa: BLE001 - the context is gone: the general advice stands
-            share = limit = 0
-        if share and limit and share > limit:
+            share, limit, chosen = 0, 0, ""
+        if lost is None and share and limit and share > limit:
             return (f"{above[:300]}: spark.sparkdl.driverJobBytes ({share / 2**20:.0f} MiB) "
                     "lets one job hand the driver more than spark.driver.maxResultSize "
                     f"({limit / 2**20:.0f} MiB). Lower the one or raise the other (and "
                     "spark.driver.memory with it).")
+        peak, full = self.heap_peak(), self._full_collections()
+        fulls = full - self._full_at_watch if full is not None and self._full_at_watch is not None \
+            else 0
+        if fulls <= 0 and (peak is None or peak[0] < HEAP_FULL_SHARE * peak[1]):
+            return None
+        seen = [f"{fulls} full collections of its heap"] if fulls > 0 else []
+        if peak is not None:
+            seen.append(f"its largest pool peaking at {peak[0] / 2**20:.0f} of "
+                        f"{peak[1] / 2**20:.0f} MiB")
+        filled = (f"fetching them filled the driver's heap ({', '.join(seen)} during the fit; "
+                  "the driver's log has the java.lang.OutOfMemoryError)")
+        advice = _ADVICE + (f", or lower spark.sparkdl.driverJobBytes ({chosen}; by default a "
+                            "job hands the driver at most an eighth of its heap)" if chosen else "")
+        if lost is not None:
+            return (f"the driver's result-fetching threads lost the tasks' results: "
+                    f"{lost[:300]}: {filled}. {advice}.")
+        jobs = (f" (this fit's jobs hand the driver at most {share / 2**20:.0f} MiB each, so "
+                "only results fetched again reach it)" if share else "")
         return (f"the driver's result-fetching threads lost the tasks' results and the results "
-                f"sent again passed the limit: {above[:300]} (this fit's jobs hand the driver "
-                f"at most {share / 2**20:.0f} MiB each, so only results fetched again reach it; "
-                "fetching them ran the driver's heap out: the driver's log has the "
-                f"java.lang.OutOfMemoryError). {_ADVICE}.")
+                f"sent again passed the limit: {above[:300]}{jobs}: {filled}. {advice}.")
+
+    def heap_peak(self) -> tuple[int, int] | None:
+        """The most bytes the driver's largest heap pool (the old generation) held since the
+        watch last started, and its limit; None when the JVM cannot say."""
+        try:
+            pool = self._heap_pool()
+            if pool is None:
+                return None
+            usage = pool.getPeakUsage()
+            return int(usage.getUsed()), int(usage.getMax())
+        except Exception:       # noqa: BLE001 - the JVM is gone: no evidence
+            return None
+
+    def _full_collections(self) -> int | None:
+        """How many collections of the whole heap (G1's "Old Generation", Parallel's and
+        Serial's mark-sweep) the driver's JVM has made: one happens before every
+        ``OutOfMemoryError`` and, with sparkdl's small use of the heap, hardly otherwise."""
+        try:
+            beans = self.sc._jvm.java.lang.management.ManagementFactory \
+                .getGarbageCollectorMXBeans()
+            return sum(int(b.getCollectionCount()) for b in beans
+                       if any(word in str(b.getName()) for word in _FULL_COLLECTORS))
+        except Exception:       # noqa: BLE001 - the JVM is gone: no evidence
+            return None
+
+    def _heap_pool(self) -> Any:
+        pools = self.sc._jvm.java.lang.management.ManagementFactory.getMemoryPoolMXBeans()
+        heap = [(int(p.getUsage().getMax()), p) for p in pools
+                if str(p.getType().toString()) == "Heap memory"]
+        largest = max(heap, key=lambda pair: pair[0], default=(0, None))
+        return largest[1] if largest[0] > 0 else None
 
     def _stopped(self) -> bool:
         try:
@@ -169,6 +225,13 @@ class DriverHealth:
         if self._watcher is not None and self._watcher.is_alive() and not self._stop.is_set():
             return
         self._stop = threading.Event()
+        try:                     # the heap's use from here on: evidence for lost results
+            pool = self._heap_pool()
+            if pool is not None:
+                pool.resetPeakUsage()
+        except Exception:        # noqa: BLE001 - no evidence then, nothing else changes
+            pass
+        self._full_at_watch = self._full_collections()
         self._watcher = threading.Thread(target=self._run, args=(self._stop,),
                                          name="sparkdl-driver-watch", daemon=True)
         self._watcher.start()
