@@ -16,8 +16,8 @@ A job's results pass through the driver's JVM. When it runs out of heap:
   ``spark.task.maxFailures`` times, or once the results sent again pass
   ``spark.driver.maxResultSize`` (which counts every attempt's), its error never naming the
   memory. sparkdl calls it the driver's memory when the heap filled up during the fit (full
-  collections, or its largest pool's peak: :data:`HEAP_FULL_SHARE`); a result lost otherwise (an executor's block
-  manager out of the driver's reach) keeps the job's own error.
+  collections, or its largest pool's peak: :data:`HEAP_FULL_SHARE`); a result lost otherwise
+  (an executor's block manager out of the driver's reach) keeps the job's own error.
 
 :class:`DriverHealth` tells these apart from an executor's memory (which a rebuild of the
 shards may help) for :func:`sparkdl.engine.fit.recovery.run_with_recovery`, and its watch thread
@@ -161,7 +161,7 @@ class DriverHealth:
                     "lets one job hand the driver more than spark.driver.maxResultSize "
                     f"({limit / 2**20:.0f} MiB). Lower the one or raise the other (and "
                     "spark.driver.memory with it).")
-        peak, full = self.heap_peak(), self._full_collections()
+        peak, full = self._heap_peak(), self._full_collections()
         fulls = full - self._full_at_watch if full is not None and self._full_at_watch is not None \
             else 0
         if fulls <= 0 and (peak is None or peak[0] < HEAP_FULL_SHARE * peak[1]):
@@ -182,7 +182,7 @@ class DriverHealth:
         return (f"the driver's result-fetching threads lost the tasks' results and the results "
                 f"sent again passed the limit: {above[:300]}{jobs}: {filled}. {advice}.")
 
-    def heap_peak(self) -> tuple[int, int] | None:
+    def _heap_peak(self) -> tuple[int, int] | None:
         """The most bytes the driver's largest heap pool (the old generation) held since the
         watch last started, and its limit; None when the JVM cannot say."""
         try:
