@@ -71,12 +71,17 @@ _ADVICE = ("Give the driver more memory: spark.driver.memory (its JVM heap holds
            "results and the weights' broadcast pieces while they pass through)")
 
 
+def max_result_bytes(sc: Any) -> int:
+    """``spark.driver.maxResultSize`` of ``sc``'s running configuration, in bytes (0: none)."""
+    return int(sc._jsc.sc().conf().getSizeAsBytes("spark.driver.maxResultSize", "1g"))
+
+
 def driver_job_share(sc: Any) -> int:
     """The most bytes of task results one job may hand this driver
     (:func:`~sparkdl.transport.allreduce.driver_job_bytes` of its JVM's heap, of
     ``spark.driver.maxResultSize`` and of ``spark.sparkdl.driverJobBytes``)."""
     heap = int(sc._jvm.java.lang.Runtime.getRuntime().maxMemory())
-    results = int(sc._jsc.sc().conf().getSizeAsBytes("spark.driver.maxResultSize", "1g"))
+    results = max_result_bytes(sc)
     chosen = spark_setting(sc, DRIVER_JOB_BYTES)
     return driver_job_bytes(heap, results, spark_bytes(chosen, "b") if chosen else None)
 
@@ -151,8 +156,7 @@ class DriverHealth:
             return None
         try:
             share = driver_job_share(self.sc)
-            limit = int(self.sc._jsc.sc().conf().getSizeAsBytes("spark.driver.maxResultSize",
-                                                                  "1g"))
+            limit = max_result_bytes(self.sc)
             chosen = spark_setting(self.sc, DRIVER_JOB_BYTES)
         except Exception:       # noqa: BLE001 - the context is gone: the general advice stands
             share, limit, chosen = 0, 0, ""
