@@ -140,3 +140,17 @@ def raise_reported(results: Sequence[Any], what: str) -> None:
     log.error("%s: the task of partition %d raised %s: %s", what, first.partition, name,
               message)
     raise permanent_error(name, message)
+
+
+def exception_text(exc: BaseException) -> str:
+    """``str(exc)``, or what can be said without it: a Java exception's text is fetched from
+    the driver's JVM, which a failure may have ended.
+
+    Example::
+
+        log.warning("cleanup failed: %s", exception_text(exc)[:300])
+    """
+    try:
+        return str(exc)
+    except Exception:            # noqa: BLE001 - py4j could not reach the JVM
+        return f"{type(exc).__name__} (its text was in the driver's JVM, which is gone)"

@@ -8,6 +8,7 @@ broadcasts into pieces the fit was refused (the whole vector in one job's result
     python large_model_job.py --executor-oom   # the same job on local-cluster: the executors'
     python large_model_job.py --getter-oom     # local-cluster, 2g executors: the driver's
                                                # result-fetching threads run out
+    python large_model_job.py --stuck-exit     # local[2]: the driver's JVM stuck exiting
 
 Trains a pass of two synchronous fits (SGD with momentum, two learning rates: the pass's
 vector is 160 MiB) and one fit in local rounds (H = 2, averaged), and saves their initial and
@@ -98,9 +99,89 @@ def driver_oom(spark) -> None:
         fit.optimize()
         print("error=None")
     except Exception as exc:
+        import traceback
+
+        traceback.print_exc()        # for the test's failure message
         print(f"error={type(exc).__name__}")
         print(f"message={str(exc).splitlines()[0]}")
     print(f"seconds={time.perf_counter() - started:.1f}")
+
+
+class _Slow(nn.Module):
+    """An identity that takes half a second: a fit whose jobs are still running."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import time
+
+        time.sleep(0.5)
+        return x
+
+
+class _BlockingHook:
+    """A shutdown hook of Spark's (a Scala ``() => Unit``, called back in this process) that
+    never ends."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("apply"):       # apply, and Scala's specialised apply$mcV$sp
+            return self.block
+        raise AttributeError(name)
+
+    def block(self) -> None:
+        import time
+
+        time.sleep(3600)
+
+    class Java:
+        implements = ["scala.Function0"]
+
+
+def stuck_exit(spark) -> None:
+    """The driver's JVM begins to exit in the middle of a fit's job (as Spark's handler makes it
+    after an OutOfMemoryError in a task on a local master), and a shutdown hook that runs
+    before the one stopping the SparkContext blocks: the JVM would never end, nor would the
+    fit's job. The watch kills it after EXIT_GRACE_SECONDS (5 here). Prints how the fit ended,
+    and how long after the exit began."""
+    import logging
+    import threading
+    import time
+
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    from models import make_rdd
+    from sparkdl import DistriOptimizer
+    from sparkdl.runners import driver_watch
+    from sparkdl.triggers import MaxIteration
+
+    driver_watch.EXIT_GRACE_SECONDS = 5.0
+    sc = spark.sparkContext
+    ensure_callback_server_started(sc._gateway)
+    sc._jvm.org.apache.spark.util.ShutdownHookManager.addShutdownHook(100, _BlockingHook())
+    began = []
+
+    def exit_jvm() -> None:
+        began.append(time.perf_counter())
+        sc._jvm.java.lang.System.exit(52)      # never returns: the JVM is killed meanwhile
+
+    class ExitOnTraining(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("training on") and not began:
+                threading.Timer(2.0, exit_jvm).start()
+
+    logging.getLogger("sparkdl").addHandler(ExitOnTraining())
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, D)).astype(np.float32)
+    rdd = make_rdd(sc, list(zip(x, x)), [16, 16])
+    model = nn.Sequential(nn.Linear(D, D), _Slow())
+    fit = DistriOptimizer(model, rdd, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1),
+                          batch_size=16, end_trigger=MaxIteration(200), seed=1,
+                          progress_bar=False)
+    try:
+        fit.optimize()
+        print("exit_error=None")
+    except Exception as exc:
+        print(f"exit_error={type(exc).__name__}")
+        print(f"exit_message={str(exc).splitlines()[0]}")
+    print(f"exit_seconds={time.perf_counter() - began[0]:.1f}" if began else "exit_seconds=None")
 
 
 def main() -> None:
@@ -127,6 +208,11 @@ def main() -> None:
         spark.sparkContext.setLogLevel("WARN" if sys.argv[1] == "--getter-oom" else "OFF")
         driver_oom(spark)
         return
+    if sys.argv[1] == "--stuck-exit":
+        spark = spark_builder("local[2]").getOrCreate()
+        spark.sparkContext.setLogLevel("OFF")
+        stuck_exit(spark)
+        os._exit(0)          # the JVM is gone: nothing to stop
     # a cluster's way (on a local master the sums and large broadcasts go as files instead)
     master = sys.argv[2] if len(sys.argv) > 2 else "local-cluster[2,1,1024]"
     spark = (spark_builder(master).config("spark.driver.memory", "512m")

@@ -23,10 +23,17 @@ from sparkdl.data.batch_plan import BatchPlan
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "large_model_job.py"), *args],
-                          capture_output=True, text=True, timeout=600, cwd=HERE)
-    return proc
+def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """The job in its own driver process; one that runs past ``timeout`` (a hang, in the fit
+    or at the process's exit) fails the test with what it printed."""
+    try:
+        return subprocess.run([sys.executable, os.path.join(HERE, "large_model_job.py"), *args],
+                              capture_output=True, text=True, timeout=timeout, cwd=HERE)
+    except subprocess.TimeoutExpired as exc:
+        def text(out):
+            return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
+        pytest.fail(f"large_model_job.py {' '.join(args)} ran past {timeout} s: stdout:\n"
+                    f"{text(exc.stdout)}\nstderr (end):\n{text(exc.stderr)[-4000:]}")
 
 
 @pytest.mark.cluster
@@ -108,8 +115,23 @@ def test_a_result_fetching_thread_out_of_heap_ends_the_fit_naming_the_driver():
                               "tasks' results"), message
     assert "fetching them filled the driver's heap (" in message and "full collections" in message
     assert "spark.driver.memory" in message and "spark.sparkdl.driverJobBytes (400m" in message
-    assert "executor was killed" not in proc.stderr and "rebuil" not in proc.stderr
+    assert "executor was killed" not in proc.stderr and "rebuilding" not in proc.stderr
     assert float(proc.stdout.split("seconds=")[1].split()[0]) < 60
+
+
+@pytest.mark.cluster
+def test_a_driver_jvm_stuck_exiting_mid_fit_is_killed_and_the_fit_ends_naming_the_driver():
+    """On local[2], the driver's JVM begins to exit in the middle of a fit's job (Spark's
+    handler exits it after an OutOfMemoryError in a task) and a shutdown hook that runs before
+    the one stopping the SparkContext never ends: the JVM would never exit, nor the job's call
+    return. The watch kills the JVM once it has been exiting for EXIT_GRACE_SECONDS (5 here)
+    and the fit ends with sparkdl's error naming the driver's JVM."""
+    proc = _run("--stuck-exit")
+    assert "exit_error=DriverMemoryError" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    message = proc.stdout.split("exit_message=")[1].splitlines()[0]
+    assert "the driver's JVM began to exit" in message and "the watch killed it" in message
+    assert "spark.driver.memory" in message
+    assert 5 <= float(proc.stdout.split("exit_seconds=")[1].split()[0]) < 20
 
 
 @pytest.mark.cluster
@@ -139,44 +161,183 @@ class _Thread:
         return self.alive
 
 
-def test_a_dead_result_getter_cancels_the_jobs_and_the_fit_names_the_driver(monkeypatch):
-    """Spark's result-getter threads catch only non-fatal errors: one that dies of an
-    OutOfMemoryError leaves its job waiting forever. The watch sees a getter thread gone (or a
-    number skipped: one started and died between looks), cancels the jobs, and the job's error
-    becomes the driver's."""
-    from sparkdl.runners import driver_health
-    from sparkdl.runners.driver_health import DriverHealth
-
-    monkeypatch.setattr(driver_health, "WATCH_SECONDS", 0.01)
-    threads = [_Thread("task-result-getter-0"), _Thread("task-result-getter-1"),
-               _Thread("dispatcher-event-loop-0")]
-    cancelled = []
+def _watched_sc(threads, exiting=None, pid=4321, proc=None):
+    """A SparkContext's stand-in for what the watch reads: the driver JVM's threads, whether
+    it is exiting (``exiting[0]``) and its process id; what the watch did lands in ``done``."""
+    done = []
+    exiting = exiting if exiting is not None else [False]
 
     class Thread:
         @staticmethod
         def getAllStackTraces():
             return SimpleNamespace(keySet=lambda: SimpleNamespace(toArray=lambda: list(threads)))
 
-    jvm = SimpleNamespace(java=SimpleNamespace(lang=SimpleNamespace(Thread=Thread)))
-    sc = SimpleNamespace(master="local-cluster[2,1,1024]", _jvm=jvm,
-                         cancelAllJobs=lambda: cancelled.append(True))
+        def __init__(self):
+            pass
+
+    def add_hook(hook):
+        if exiting[0]:
+            raise RuntimeError("java.lang.IllegalStateException: Shutdown in progress")
+
+    runtime = SimpleNamespace(addShutdownHook=add_hook, removeShutdownHook=lambda hook: True)
+    jvm = SimpleNamespace(java=SimpleNamespace(lang=SimpleNamespace(
+        Thread=Thread, Runtime=SimpleNamespace(getRuntime=lambda: runtime),
+        ProcessHandle=SimpleNamespace(current=lambda: SimpleNamespace(pid=lambda: pid)))))
+    stopped = []
+    jsc = SimpleNamespace(sc=lambda: SimpleNamespace(
+        isStopped=lambda: bool(stopped), stop=lambda: (stopped.append(True), done.append("stop"))))
+    return SimpleNamespace(master="local-cluster[2,1,1024]", _jvm=jvm, _jsc=jsc,
+                           _gateway=SimpleNamespace(proc=proc),
+                           cancelAllJobs=lambda: done.append("cancel")), done
+
+
+def _until(condition, seconds=5.0):
+    import time
+
+    deadline = time.time() + seconds
+    while not condition() and time.time() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def _driver_threads():
+    return [_Thread("task-result-getter-0"), _Thread("task-result-getter-1"),
+            _Thread("dispatcher-event-loop-0"), _Thread("dispatcher-event-loop-1"),
+            _Thread("dag-scheduler-event-loop"), _Thread("Executor task launch worker-3")]
+
+
+@pytest.mark.parametrize("dies, done, words", [
+    ("task-result-getter-1", "cancel", "result-fetching thread task-result-getter-1 died"),
+    ("dispatcher-event-loop-0", "cancel", "message-loop thread dispatcher-event-loop-0 died"),
+    ("dag-scheduler-event-loop", "stop", "thread dag-scheduler-event-loop died"),
+])
+def test_a_dead_driver_thread_ends_the_jobs_and_the_fit_names_the_driver(monkeypatch, dies, done,
+                                                                         words):
+    """An OutOfMemoryError kills the driver thread it hits, and the driver's JVM has no handler
+    for it: a result getter's death loses a task's result, a message loop's a task's status
+    (the job waits forever), the DAG scheduler's all jobs' ends (cancelling cannot reach
+    them). The watch sees the thread gone: it cancels the jobs, or stops the SparkContext
+    for the scheduler's, and the job's error becomes the driver's, naming the thread. A
+    thread that died before the fit (a gap in its pool's numbers) is not this fit's."""
+    from sparkdl.runners import driver_watch
+    from sparkdl.runners.driver_health import DriverHealth
+
+    monkeypatch.setattr(driver_watch, "WATCH_SECONDS", 0.01)
+    threads = _driver_threads()
+    threads.append(_Thread("task-result-getter-3"))    # getter 2 died before this fit
+    sc, did = _watched_sc(threads)
     health = DriverHealth(sc)
     health.watch()
     import time
 
-    time.sleep(0.2)
-    assert not cancelled and health.failure(RuntimeError("Job 3 cancelled")) is None
-    threads[1].alive = False                 # getter 1 died of an OutOfMemoryError
-    deadline = time.time() + 5
-    while not cancelled and time.time() < deadline:
-        time.sleep(0.01)
-    assert cancelled
+    time.sleep(0.2)                                    # twenty looks, five of them finding
+    assert not did and health.failure(RuntimeError("Job 3 cancelled")) is None
+    next(t for t in threads if t.name == dies).alive = False
+    assert _until(lambda: did)
+    assert did == [done]
     reason = health.failure(RuntimeError("Job 3 cancelled"))
-    assert "task-result-getter-1 died" in reason and "spark.driver.memory" in reason
-    # a getter started and gone between two looks leaves a gap in the numbers
-    later = DriverHealth(sc)
-    threads[:] = [_Thread("task-result-getter-0"), _Thread("task-result-getter-2")]
-    assert later._find_getters() == ["task-result-getter-1"]
+    assert reason.startswith("the driver's ") and words in reason and "OutOfMemoryError" in reason
+    assert "spark.driver.memory" in reason
+    health.stop()
+
+
+def test_a_driver_thread_started_and_gone_between_two_looks_leaves_a_gap(monkeypatch):
+    """A pool numbers its threads from 0 as they start: a getter that started and died between
+    two looks is seen by the number it left out."""
+    from sparkdl.runners import driver_watch
+    from sparkdl.runners.driver_watch import DriverWatch
+
+    monkeypatch.setattr(driver_watch, "WATCH_SECONDS", 0.01)
+    threads = _driver_threads()
+    del threads[1]                                     # getter 0 alone so far
+    sc, did = _watched_sc(threads)
+    watch = DriverWatch(sc)
+    watch.start()
+    threads.append(_Thread("task-result-getter-2"))    # 1 came and went unseen, then 2
+    assert _until(lambda: did)
+    assert did == ["cancel"] and "task-result-getter-1 died" in watch.dead
+
+
+def test_the_watch_has_ended_when_stop_returns(monkeypatch):
+    """A daemon thread still logging when the interpreter exits (py4j logs each call into a JVM
+    that is gone) holds the logging handler's lock for good, and the interpreter's last
+    collection, whose py4j connections log as they close, waits for it forever: seen as a
+    driver process that printed the fit's error and never exited. stop() returns once the
+    watch's thread has ended."""
+    from sparkdl.runners import driver_watch
+    from sparkdl.runners.driver_watch import DriverWatch
+
+    monkeypatch.setattr(driver_watch, "WATCH_SECONDS", 0.05)
+    sc, did = _watched_sc(_driver_threads())
+    watch = DriverWatch(sc)
+    watch.start()
+    import time
+
+    time.sleep(0.12)
+    assert watch._watcher.is_alive()
+    watch.stop()
+    assert not watch._watcher.is_alive() and not did
+
+
+@pytest.mark.parametrize("ours", ["started", "parent", "other"])
+def test_a_driver_jvm_stuck_exiting_is_killed_so_that_the_fit_ends(monkeypatch, ours):
+    """Spark exits the driver's JVM after an OutOfMemoryError in a task (on a local master the
+    tasks run in it): a shutdown hook that blocks keeps it exiting forever, and every call into
+    it waits. The watch kills a JVM still exiting after EXIT_GRACE_SECONDS, when it is the
+    driver's own (started by this Python process, or its parent under spark-submit); any
+    other JVM it leaves alone, saying so. The fit's error then names the driver's JVM."""
+    import signal
+
+    from sparkdl.runners import driver_watch
+    from sparkdl.runners.driver_health import DriverHealth
+
+    monkeypatch.setattr(driver_watch, "WATCH_SECONDS", 0.01)
+    monkeypatch.setattr(driver_watch, "EXIT_GRACE_SECONDS", 0.3)
+    killed = []
+    monkeypatch.setattr(driver_watch.os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    monkeypatch.setattr(driver_watch.os, "getppid", lambda: 4321 if ours == "parent" else 1)
+    proc = SimpleNamespace(pid=4321 if ours == "started" else 99, poll=lambda: None,
+                           kill=lambda: killed.append("proc"))
+    exiting = [False]
+    sc, did = _watched_sc(_driver_threads(), exiting, pid=4321, proc=proc)
+    health = DriverHealth(sc)
+    health.watch()
+    import time
+
+    time.sleep(0.1)
+    exiting[0] = True
+    time.sleep(0.15)
+    assert not killed                                  # within the grace: Spark's hooks run
+    assert _until(lambda: health._watch.dead is not None)
+    assert killed == {"started": ["proc"], "parent": [(4321, signal.SIGKILL)], "other": []}[ours]
+    reason = health.failure(ConnectionRefusedError(111, "Connection refused"))
+    assert reason.startswith("the driver's JVM began to exit"), reason
+    assert ("the watch killed it" in reason) == (ours != "other")
+    assert not did                                     # neither cancelled nor stopped
+
+
+class _JavaError(Exception):
+    """A py4j error whose text lives in a JVM that is gone (py4j fetches it on str())."""
+
+    def __str__(self):
+        raise ConnectionRefusedError(111, "Connection refused")
+
+
+def test_a_job_error_whose_text_went_with_the_drivers_jvm_still_names_the_driver():
+    """A Java exception's text is fetched from the driver's JVM when printed: after Spark exited
+    that JVM (an OutOfMemoryError in a task on a local master) it cannot be had. The fit's
+    error still names the driver's JVM and its exit code, and the cleanup's warning says what
+    it can instead of raising in place of the fit's error."""
+    from sparkdl.errors import exception_text
+    from sparkdl.runners.driver_health import DriverHealth
+
+    assert exception_text(_JavaError()) == ("_JavaError (its text was in the driver's JVM, "
+                                            "which is gone)")
+    exited = SimpleNamespace(poll=lambda: 52, wait=lambda timeout: 52)
+    sc, _ = _watched_sc(_driver_threads(), proc=exited)
+    reason = DriverHealth(sc).failure(_JavaError())
+    assert reason.startswith("the driver's JVM exited with code 52 after an OutOfMemoryError")
+    assert "spark.driver.memory" in reason
 
 
 def _conf_sc(settings: dict[str, int], peak: tuple[int, int], full: list[int] | None = None,

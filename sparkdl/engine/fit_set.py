@@ -45,7 +45,7 @@ from typing import Any, Sequence
 import torch
 
 from ..argument_checks import check_choice, check_int
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, exception_text
 from ..runners.fit_view import FitView
 from ..spark_settings import spark_setting
 from ..transport.flat_layout import ParamLayout
@@ -340,5 +340,6 @@ class FitSet:
                 # the fit's own error says what happened (a driver whose JVM is gone cannot
                 # release anything): a cleanup's error must not take its place
                 log.warning("releasing the pass's broadcasts and replicas after its error "
-                            "failed too: %s: %s", type(exc).__name__, str(exc)[:300])
+                            "failed too: %s: %s", type(exc).__name__,
+                            exception_text(exc)[:300])
         return later

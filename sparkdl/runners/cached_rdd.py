@@ -53,7 +53,7 @@ from typing import Any
 
 from pyspark import RDD, StorageLevel
 
-from ..errors import TrainingDataError, raise_reported
+from ..errors import TrainingDataError, exception_text, raise_reported
 from ..executor.shard_store import ShardSummary
 from ..executor.replica_build import ReplicaBuildTask, as_collected
 from ..executor.tasks import CleanupTask, FillTask
@@ -79,11 +79,11 @@ of an executor whose JVM ran out of heap)."""
 _TASK_FAILURE_MARKERS = ("Lost task", "stage failure", "ExecutorLostFailure", "executor ")
 
 
-def driver_memory_reason(exc: BaseException) -> str | None:
+def driver_memory_reason(exc: BaseException | str) -> str | None:
     """The line saying that the driver's own JVM ran out of heap, or None: a
     ``java.lang.OutOfMemoryError`` thrown by the driver's call itself (the first Java exception
-    of a py4j error), not one a task or an executor reported."""
-    text = str(exc)
+    of a py4j error), not one a task or an executor reported. ``exc``: the error, or its text."""
+    text = exc if isinstance(exc, str) else exception_text(exc)
     lines = [line.strip(" :") for line in text.splitlines() if line.strip()]
     first_java = next((line for line in lines if "Exception" in line or "Error:" in line
                        or line.startswith("java.")), "")
@@ -102,7 +102,7 @@ def memory_kill_reason(exc: BaseException, sc: Any = None,
     (:func:`executors_removed_for_memory`, not naming those in ``seen`` again)."""
     if driver_memory_reason(exc) is not None:
         return None
-    for line in str(exc).splitlines():
+    for line in exception_text(exc).splitlines():
         if any(marker in line for marker in _MEMORY_KILL_MARKERS):
             return line.strip(" :")[:300]
     if sc is not None and lost_data_reason(exc) is not None:
@@ -117,7 +117,7 @@ _WORKER_CRASH_MARKERS = ("Python worker exited unexpectedly",)
 def worker_crash_reason(exc: BaseException) -> str | None:
     """The line saying that a task's Python worker died without raising (in practice killed
     for memory: by the operating system, or by a container limit), or None."""
-    for line in str(exc).splitlines():
+    for line in exception_text(exc).splitlines():
         if any(marker in line for marker in _WORKER_CRASH_MARKERS):
             return line.strip(" :")[:300]
     return None
@@ -148,7 +148,7 @@ def executors_removed_for_memory(sc: Any, seen: set[str]) -> str | None:
 def lost_data_reason(exc: BaseException) -> str | None:
     """If a Spark job failed because executor-held data was lost (a lost executor), which a
     rebuild of the shards repairs, the line of the error that says so; otherwise None."""
-    for line in str(exc).splitlines():
+    for line in exception_text(exc).splitlines():
         if any(marker in line for marker in _LOST_DATA_MARKERS):
             return line.strip(" :")[:300]
     return None
@@ -319,7 +319,8 @@ class CachedData(HeldData):
             if "py4j" not in type(exc).__module__ and "Py4J" not in type(exc).__name__:
                 raise
             log.warning("building replicas of the %s shards failed (%s); trying again after "
-                        "the next iteration", self.name, str(exc).strip().splitlines()[0][:300])
+                        "the next iteration", self.name,
+                        exception_text(exc).strip().splitlines()[0][:300])
             return
         raise_reported(replicas, f"building replicas of the {self.name} shards")
         for replica in replicas:

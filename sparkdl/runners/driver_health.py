@@ -8,8 +8,9 @@ A job's results pass through the driver's JVM. When it runs out of heap:
 * on a ``local`` master the tasks run in the driver's JVM too: Spark's handler then exits the
   JVM (exit code 52), every later call fails, and the job's error says the SparkContext was
   shut down;
-* in a ``task-result-getter`` thread, which deserialises the tasks' results, the thread dies and
-  the job never ends (Spark catches only non-fatal errors there);
+* in a ``task-result-getter`` thread, which deserialises the tasks' results, or another thread
+  of the driver's that Spark never expects to die, the thread dies and the job never ends: the
+  watch (:mod:`.driver_watch`) ends it;
 * in the transport's thread that receives a result for a ``task-result-getter`` thread (on a
   cluster, from an executor's block manager): the fetch fails, the result counts as lost
   (``TaskResultLost``) and the task is run again; the job ends once a task has failed
@@ -20,9 +21,8 @@ A job's results pass through the driver's JVM. When it runs out of heap:
   (an executor's block manager out of the driver's reach) keeps the job's own error.
 
 :class:`DriverHealth` tells these apart from an executor's memory (which a rebuild of the
-shards may help) for :func:`sparkdl.engine.fit.recovery.run_with_recovery`, and its watch thread
-looks every :data:`WATCH_SECONDS` at the result-getter threads: when one is gone it cancels the
-running jobs, so that the fit ends with an error naming the driver instead of waiting forever.
+shards may help) for :func:`sparkdl.engine.fit.recovery.run_with_recovery`, and keeps the watch
+over the driver's JVM (:class:`~.driver_watch.DriverWatch`) while the fit's jobs run.
 
 Example::
 
@@ -38,20 +38,18 @@ Example::
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
+from ..errors import exception_text
 from ..spark_settings import DRIVER_JOB_BYTES, spark_bytes, spark_setting
 from ..transport.allreduce import driver_job_bytes
 from .cached_rdd import driver_memory_reason
+from .driver_watch import DriverWatch
 
-__all__ = ["DriverHealth", "driver_heap_failure", "driver_job_share", "WATCH_SECONDS",
-           "HEAP_FULL_SHARE", "SPARK_OOM_EXIT_CODE"]
+__all__ = ["DriverHealth", "driver_heap_failure", "driver_job_share", "HEAP_FULL_SHARE",
+           "SPARK_OOM_EXIT_CODE"]
 
 log = logging.getLogger(__name__)
-
-WATCH_SECONDS = 2.0
-"""How often the watch looks at the result-getter threads."""
 
 HEAP_FULL_SHARE = 0.75
 """A lost result is the driver's memory when the JVM collected its whole heap during the fit
@@ -61,7 +59,6 @@ generation) peaked at this share of its limit or more."""
 SPARK_OOM_EXIT_CODE = 52
 """The exit code of a Spark JVM whose handler saw an ``OutOfMemoryError``."""
 
-_GETTER = "task-result-getter"
 _LOST_RESULT = "TaskResultLost"
 _FULL_COLLECTORS = ("Old Generation", "MarkSweep")
 _RESULTS_ABOVE_LIMIT = "is bigger than spark.driver.maxResultSize"
@@ -86,13 +83,15 @@ def driver_job_share(sc: Any) -> int:
     return driver_job_bytes(heap, results, spark_bytes(chosen, "b") if chosen else None)
 
 
-def driver_heap_failure(exc: BaseException, local: bool = False) -> str | None:
-    """Why ``exc`` says the driver's JVM ran out of heap (in the call itself; or, on a ``local``
-    master, in a task, which runs in that JVM), naming the setting to raise; else None."""
-    own = driver_memory_reason(exc)
+def driver_heap_failure(exc: BaseException | str, local: bool = False) -> str | None:
+    """Why ``exc`` (a job's error, or its text) says the driver's JVM ran out of heap (in the
+    call itself; or, on a ``local`` master, in a task, which runs in that JVM), naming the
+    setting to raise; else None."""
+    text = exc if isinstance(exc, str) else exception_text(exc)
+    own = driver_memory_reason(text)
     if own is not None:
         return f"the driver's JVM ran out of heap ({own}). {_ADVICE}."
-    if local and "java.lang.OutOfMemoryError" in str(exc):
+    if local and "java.lang.OutOfMemoryError" in text:
         return ("a task ran the driver's JVM out of heap (on a local master the tasks run in "
                 f"the driver's JVM). {_ADVICE}.")
     return None
@@ -105,11 +104,8 @@ class DriverHealth:
         self.sc = sc
         master = str(sc.master)
         self.local = master.startswith("local") and not master.startswith("local-cluster")
-        self._threads: dict[str, Any] = {}
-        self._dead: str | None = None
+        self._watch = DriverWatch(sc)
         self._full_at_watch: int | None = None
-        self._stop = threading.Event()
-        self._watcher: threading.Thread | None = None
 
     # ------------------------------------------------------------------------- classification
     def jvm_exit(self, wait: float = 0.0) -> int | None:
@@ -126,17 +122,20 @@ class DriverHealth:
     def failure(self, exc: BaseException) -> str | None:
         """Why ``exc`` (a job's error) is the driver's memory, in words naming the setting to
         raise, or None when it is not the driver's."""
-        text = str(exc)
-        if self._dead is not None:
-            return (f"the driver's {self._dead}: a job's results could never arrive, so its jobs "
-                    f"were cancelled. {_ADVICE}.")
-        stopping = any(marker in text for marker in _SHUT_DOWN) and self._stopped()
+        if self._watch.dead is not None:
+            return f"the driver's {self._watch.dead}. {_ADVICE}."
+        try:
+            text, gone = str(exc), False
+        except Exception:        # noqa: BLE001 - a Java exception's text went with its JVM
+            text, gone = "", True
+        stopping = gone or any(marker in text for marker in _SHUT_DOWN) and self._stopped()
         code = self.jvm_exit(wait=10.0 if stopping else 0.0)   # a JVM exiting: its code
         if code is not None:
             why = (" after an OutOfMemoryError (Spark's exit code 52)"
                    if code == SPARK_OOM_EXIT_CODE else "")
             return f"the driver's JVM exited with code {code}{why}. {_ADVICE}."
-        reason = driver_heap_failure(exc, self.local) or self._lost_results(text)
+        # the text read once: a Java exception's is fetched from a JVM that may be ending
+        reason = driver_heap_failure(text, self.local) or self._lost_results(text)
         if reason is not None:
             return reason
         if stopping:
@@ -225,53 +224,18 @@ class DriverHealth:
 
     # ------------------------------------------------------------------------- the watch
     def watch(self) -> None:
-        """Start the watch thread (again after :meth:`stop`; a running one is kept)."""
-        if self._watcher is not None and self._watcher.is_alive() and not self._stop.is_set():
+        """Start the watch over the driver's JVM (again after :meth:`stop`; a running one is
+        kept), and the record of its heap's use, the evidence for lost results."""
+        if self._watch.running:
             return
-        self._stop = threading.Event()
-        try:                     # the heap's use from here on: evidence for lost results
+        try:
             pool = self._heap_pool()
             if pool is not None:
                 pool.resetPeakUsage()
         except Exception:        # noqa: BLE001 - no evidence then, nothing else changes
             pass
         self._full_at_watch = self._full_collections()
-        self._watcher = threading.Thread(target=self._run, args=(self._stop,),
-                                         name="sparkdl-driver-watch", daemon=True)
-        self._watcher.start()
+        self._watch.start()
 
     def stop(self) -> None:
-        self._stop.set()
-
-    def _run(self, stop: threading.Event) -> None:
-        looked = 0
-        while not stop.wait(WATCH_SECONDS):
-            try:
-                gone = [name for name, thread in self._threads.items() if not thread.isAlive()]
-                if looked % 5 == 0:          # new threads: every 5th look (py4j calls per thread)
-                    gone += self._find_getters()
-                looked += 1
-            except Exception:          # the context stopped: nothing more to watch
-                return
-            if gone:
-                self._dead = (f"result-fetching thread {gone[0]} died (almost always of a "
-                              "java.lang.OutOfMemoryError: the driver's log has it)")
-                log.error("%s; cancelling the running jobs, which would wait for its result "
-                          "forever", self._dead)
-                try:
-                    self.sc.cancelAllJobs()
-                except Exception:
-                    pass
-                return
-
-    def _find_getters(self) -> list[str]:
-        """Add the result-getter threads alive now; the names of any that were started and
-        died unseen (their pool names threads with consecutive numbers from 0)."""
-        threads = self.sc._jvm.java.lang.Thread.getAllStackTraces().keySet().toArray()
-        for thread in threads:
-            name = thread.getName()
-            if name.startswith(_GETTER) and name not in self._threads:
-                self._threads[name] = thread
-        numbers = {int(n.rsplit("-", 1)[1]) for n in self._threads
-                   if n.rsplit("-", 1)[1].isdigit()}
-        return [f"{_GETTER}-{k}" for k in range(max(numbers, default=-1)) if k not in numbers]
+        self._watch.stop()

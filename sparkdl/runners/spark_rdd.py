@@ -28,12 +28,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..executor.live_runs import live_runs, new_key, release_key
-from ..spark_settings import (shard_replicas, spark_flag, spark_number, spark_setting,
+from ..spark_settings import (is_local_master, shard_replicas, spark_flag, spark_setting,
                               speculation_never_fires)
 from .cached_rdd import (CachedData, clean_workers, lost_data_reason, memory_kill_reason,
                          shard_place)
 from .held_data import complete_misses, not_found
 from .round_broadcasts import RoundBroadcasts
+from .task_resources import check_gpu_scheduling, gpu_task_profile, schedules_gpus, task_cores
 from .interface import (GradientRunner, HopRunner, PartitionMetrics, RoundEntry, RoundRunner,
                         RunnerOptions)
 from ..executor.replicas import ReplicaSpec
@@ -41,7 +42,6 @@ from ..executor.step import StepSpec
 from ..executor.hop_task import HopPartitionResult, HopSpec, HopTask
 from ..executor.tasks import EvaluationTask, GradientTask, PassGradientTask
 from ..metrics import ValidationMetric
-from ..errors import InvalidArgumentError
 from ..transport.allreduce import (AllReduceResult, make_allreduce, make_pass_allreduce,
                                   with_resources)
 from ..transport.codecs import make_pass_codec
@@ -80,46 +80,14 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
     def _flag(self, key: str, default: bool) -> bool:
         return spark_flag(self.spark_context, key, default)
 
-    def _conf(self, key: str) -> float:
-        return spark_number(self.spark_context, key)
-
-    def _local_master(self) -> bool:
-        master = self.spark_context.master
-        return master == "local" or master.startswith("local[")
-
     def task_cores(self) -> int:
-        return max(1, int(self._conf("spark.task.cpus") or 1))
+        return task_cores(self.spark_context)
 
     def schedules_gpus(self) -> bool:
-        return not self._local_master() and self._conf("spark.executor.resource.gpu.amount") > 0
+        return schedules_gpus(self.spark_context)
 
     def check_device(self, device: str) -> None:
-        if device != "cuda":
-            return
-        if self._local_master() or self._conf("spark.executor.resource.gpu.amount") <= 0:
-            raise InvalidArgumentError(
-                "device='cuda' needs GPUs scheduled to the tasks, and this cluster schedules "
-                f"none (master {self.spark_context.master}): set "
-                "spark.executor.resource.gpu.amount (with "
-                "spark.executor.resource.gpu.discoveryScript or your cluster manager's GPU "
-                "settings) and optionally spark.task.resource.gpu.amount; local[N] masters never "
-                "schedule GPUs (use local-cluster, standalone, YARN or Kubernetes). "
-                "device='auto' uses a GPU where there is one and the CPU otherwise.")
-
-    def _task_resources(self, device: str) -> Any:
-        """A task resource profile asking for one GPU per task, when executors have GPUs that
-        tasks do not ask for by default (so only sparkdl's stages hold them); else None."""
-        if device == "cpu" or self._local_master():
-            return None
-        if self._conf("spark.executor.resource.gpu.amount") <= 0 or \
-                self._conf("spark.task.resource.gpu.amount") > 0:
-            return None
-        from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
-
-        requests = TaskResourceRequests().cpus(self.task_cores()).resource("gpu", 1.0)
-        log.info("the gradient and validation stages ask for 1 GPU per task through a task "
-                 "resource profile (spark.task.resource.gpu.amount is not set)")
-        return ResourceProfileBuilder().require(requests).build
+        check_gpu_scheduling(self.spark_context, device)
 
     def load(self, data: Any, name: str, float_dtype: str,
              ragged: tuple[int, ...] = ()) -> CachedData:
@@ -131,7 +99,7 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
         replicas = 1
         if name == "training":
             replicas = shard_replicas(lambda k: spark_setting(self.spark_context, k))
-            if replicas > 1 and self._local_master():
+            if replicas > 1 and is_local_master(self.spark_context.master):
                 log.warning("spark.sparkdl.shardReplicas=%d has no effect on a local master "
                             "(one executor holds every shard)", replicas)
                 replicas = 1
@@ -165,7 +133,8 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
         if not self._fits:
             self._health.watch()
             self._options = options
-            self._resources = self._task_resources(options.device)
+            self._resources = gpu_task_profile(self.spark_context, options.device,
+                                               self.task_cores())
             self._broadcast = PythonJobs.of(self.spark_context).broadcast
         allreduce = make_allreduce(layout, options.allreduce, train.num_partitions,
                                    options.num_blocks, options.compression, driver_job_share(self.spark_context))
@@ -343,7 +312,12 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
         self._closed.append(one.run_key)   # cleanup job of close() covers the idle workers
 
     def close(self) -> None:
-        self._health.stop()
+        try:
+            self._release_all()
+        finally:             # watched to the end: the cleanup's jobs may wait on the driver too
+            self._health.stop()
+
+    def _release_all(self) -> None:
         fits = list(self._fits.values())
         self._rounds.close()
         self._fits, self._passes = {}, {}
