@@ -160,8 +160,11 @@ class _Thread:
     def isAlive(self):
         return self.alive
 
+    def getId(self):
+        return id(self)
 
-def _watched_sc(threads, exiting=None, pid=4321, proc=None):
+
+def _watched_sc(threads, exiting=None, pid=4321, proc=None, current=None):
     """A SparkContext's stand-in for what the watch reads: the driver JVM's threads, whether
     it is exiting (``exiting[0]``) and its process id; what the watch did lands in ``done``."""
     done = []
@@ -182,7 +185,8 @@ def _watched_sc(threads, exiting=None, pid=4321, proc=None):
     runtime = SimpleNamespace(addShutdownHook=add_hook, removeShutdownHook=lambda hook: True)
     jvm = SimpleNamespace(java=SimpleNamespace(lang=SimpleNamespace(
         Thread=Thread, Runtime=SimpleNamespace(getRuntime=lambda: runtime),
-        ProcessHandle=SimpleNamespace(current=lambda: SimpleNamespace(pid=lambda: pid)))))
+        ProcessHandle=SimpleNamespace(
+            current=current or (lambda: SimpleNamespace(pid=lambda: pid))))))
     stopped = []
     jsc = SimpleNamespace(sc=lambda: SimpleNamespace(
         isStopped=lambda: bool(stopped), stop=lambda: (stopped.append(True), done.append("stop"))))
@@ -277,6 +281,51 @@ def test_the_watch_has_ended_when_stop_returns(monkeypatch):
     assert watch._watcher.is_alive()
     watch.stop()
     assert not watch._watcher.is_alive() and not did
+
+
+def test_a_driver_jvm_that_cannot_be_looked_at_is_not_watched(monkeypatch):
+    """A watch whose first looks fail (here the JVM's process id) does not run: a watch that
+    knew no threads would take the DAG scheduler's for dead and stop a healthy context."""
+    from sparkdl.runners import driver_watch
+    from sparkdl.runners.driver_watch import DriverWatch
+
+    monkeypatch.setattr(driver_watch, "WATCH_SECONDS", 0.01)
+
+    def current():
+        raise RuntimeError("py4j.Py4JException: Method current([]) does not exist")
+
+    sc, did = _watched_sc(_driver_threads(), current=current)
+    watch = DriverWatch(sc)
+    watch.start()
+    import time
+
+    time.sleep(0.1)
+    assert not watch.running and not did and watch.dead is None
+
+
+def test_a_fit_ending_while_its_driver_jvm_exits_waits_for_it_and_kills_it_when_stuck(
+        monkeypatch):
+    """The fit's error can come before the watch has seen the JVM through its exit (Spark's
+    shutdown hook fails the jobs first): stop() sees it out, killing a JVM of the driver's
+    own that is still exiting after EXIT_GRACE_SECONDS, so that no fit leaves one behind."""
+    import time
+
+    from sparkdl.runners import driver_watch
+    from sparkdl.runners.driver_watch import DriverWatch
+
+    monkeypatch.setattr(driver_watch, "WATCH_SECONDS", 0.01)
+    monkeypatch.setattr(driver_watch, "EXIT_GRACE_SECONDS", 0.3)
+    killed = []
+    proc = SimpleNamespace(pid=4321, poll=lambda: None, kill=lambda: killed.append("proc"))
+    exiting = [False]
+    sc, did = _watched_sc(_driver_threads(), exiting, pid=4321, proc=proc)
+    watch = DriverWatch(sc)
+    watch.start()
+    exiting[0] = True
+    began = time.monotonic()
+    watch.stop()
+    assert time.monotonic() - began >= 0.25 and killed == ["proc"]
+    assert "the watch killed it" in watch.dead and not watch._watcher.is_alive()
 
 
 @pytest.mark.parametrize("ours", ["started", "parent", "other"])

@@ -41,10 +41,10 @@ import logging
 from typing import Any
 
 from ..errors import exception_text
-from ..spark_settings import DRIVER_JOB_BYTES, spark_bytes, spark_setting
+from ..spark_settings import DRIVER_JOB_BYTES, is_local_master, spark_bytes, spark_setting
 from ..transport.allreduce import driver_job_bytes
 from .cached_rdd import driver_memory_reason
-from .driver_watch import DriverWatch
+from .driver_watch import DriverWatch, driver_process
 
 __all__ = ["DriverHealth", "driver_heap_failure", "driver_job_share", "HEAP_FULL_SHARE",
            "SPARK_OOM_EXIT_CODE"]
@@ -102,8 +102,7 @@ class DriverHealth:
 
     def __init__(self, sc: Any) -> None:
         self.sc = sc
-        master = str(sc.master)
-        self.local = master.startswith("local") and not master.startswith("local-cluster")
+        self.local = is_local_master(str(sc.master))
         self._watch = DriverWatch(sc)
         self._full_at_watch: int | None = None
 
@@ -111,7 +110,7 @@ class DriverHealth:
     def jvm_exit(self, wait: float = 0.0) -> int | None:
         """The exit code of the driver's JVM when it was started by this Python process and has
         exited (waiting up to ``wait`` seconds for it), else None."""
-        proc = getattr(getattr(self.sc, "_gateway", None), "proc", None)
+        proc = driver_process(self.sc)
         if proc is None:
             return None
         try:
@@ -128,7 +127,7 @@ class DriverHealth:
             text, gone = str(exc), False
         except Exception:        # noqa: BLE001 - a Java exception's text went with its JVM
             text, gone = "", True
-        stopping = gone or any(marker in text for marker in _SHUT_DOWN) and self._stopped()
+        stopping = gone or (any(marker in text for marker in _SHUT_DOWN) and self._stopped())
         code = self.jvm_exit(wait=10.0 if stopping else 0.0)   # a JVM exiting: its code
         if code is not None:
             why = (" after an OutOfMemoryError (Spark's exit code 52)"

@@ -40,7 +40,7 @@ from typing import Any
 
 from ..errors import exception_text
 
-__all__ = ["DriverWatch", "WATCH_SECONDS", "EXIT_GRACE_SECONDS", "POOLS", "SCHEDULER"]
+__all__ = ["DriverWatch", "driver_process", "WATCH_SECONDS", "EXIT_GRACE_SECONDS", "POOLS", "SCHEDULER"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,12 @@ SCHEDULER = "dag-scheduler-event-loop"
 _FIND_EVERY = 5
 
 
+def driver_process(sc: Any) -> Any:
+    """The driver's JVM as the process this Python process started (``subprocess.Popen``), or
+    None (under ``spark-submit`` the JVM started this process)."""
+    return getattr(getattr(sc, "_gateway", None), "proc", None)
+
+
 class DriverWatch:
     """The driver-side failures that leave a fit waiting forever (see the module docstring)."""
 
@@ -68,12 +74,14 @@ class DriverWatch:
         self.sc = sc
         self.dead: str | None = None
         """What the watch saw and did, in words; None while nothing happened."""
-        self._threads: dict[str, Any] = {}
+        self._threads: dict[int, tuple[str, Any]] = {}    # by the JVM's thread id: names repeat
+        self._scheduler: Any = None
         self._known_gaps: set[str] = set()
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self._probe: Any = None
         self._pid: int | None = None
+        self._owned = False
         self._exiting_since: float | None = None
         self._lock = threading.Lock()
 
@@ -83,33 +91,39 @@ class DriverWatch:
                 and not self._stop.is_set())
 
     def start(self) -> None:
-        """Start watching (again after :meth:`stop`; a running watch is kept)."""
+        """Start watching (again after :meth:`stop`; a running watch is kept). A JVM that cannot
+        be looked at (the calls fail) is not watched."""
         if self.running:
             return
         self._stop = threading.Event()
-        self._exiting_since = None
-        self.dead = None
+        self._exiting_since, self.dead = None, None
+        self._threads, self._scheduler, self._known_gaps = {}, None, set()
+        self._probe, self._pid, self._owned = None, None, False
         try:
             jvm = self.sc._jvm
-            self._probe = jvm.java.lang.Thread()        # a hook never added: see _exiting
-            self._pid = int(jvm.java.lang.ProcessHandle.current().pid())
-            self._threads = {}
+            pid = int(jvm.java.lang.ProcessHandle.current().pid())
+            proc = driver_process(self.sc)
             self._known_gaps = set(self._find())       # gone before this fit: not its own
             if self._scheduler_missing():
                 self._known_gaps.add(SCHEDULER)
+            self._probe = jvm.java.lang.Thread()        # a hook never added: see _exiting
         except Exception as exc:      # noqa: BLE001 - a JVM that cannot be watched: fit unwatched
-            log.debug("the driver's JVM cannot be watched: %s", exc)
+            log.warning("the driver's JVM cannot be watched during the fit: %s",
+                        exception_text(exc)[:300])
+            return
+        self._pid = pid
+        self._owned = (proc is not None and proc.pid == pid) or os.getppid() == pid
         self._watcher = threading.Thread(target=self._run, args=(self._stop,),
                                          name="sparkdl-driver-watch", daemon=True)
         self._watcher.start()
 
     def stop(self) -> None:
-        """Stop watching. A JVM that began to exit is seen out first: its end awaited, or it is
-        killed once it has been exiting for :data:`EXIT_GRACE_SECONDS`, so that no fit leaves
-        a driver JVM stuck exiting behind it (holding its ports, its memory and its parent's
-        pipes)."""
+        """Stop watching. A JVM of the driver's own that began to exit is seen out first: its
+        end awaited, or it is killed once it has been exiting for :data:`EXIT_GRACE_SECONDS`,
+        so that no fit leaves a driver JVM stuck exiting behind it (holding its ports, its
+        memory and its parent's pipes)."""
         self._stop.set()
-        while self._exiting() and not self._exit_stuck():
+        while self._owned and self._exiting() and not self._exit_stuck():
             time.sleep(WATCH_SECONDS)
         # ended before this returns: a daemon thread still logging (py4j logs every call into
         # a JVM that is gone) when the interpreter exits holds the logging handler's lock for
@@ -137,15 +151,14 @@ class DriverWatch:
                 if failed == 3:
                     return
                 continue
-            if gone:
+            if gone and not stop.is_set():     # a stopped watch's late look acts on nothing
                 self._act(sorted(set(gone), key=lambda name: name != SCHEDULER)[0])
                 return
 
     def _gone(self, looked: int) -> list[str]:
         """The watched threads that died since the watch started (none once the SparkContext
         stopped: its threads end with it)."""
-        gone = [name for name, thread in self._threads.items()
-                if name != SCHEDULER and not thread.isAlive()]
+        gone = [name for name, thread in self._threads.values() if not thread.isAlive()]
         if looked % _FIND_EVERY == _FIND_EVERY - 1:  # new threads (py4j calls per thread)
             gone += [name for name in self._find() if name not in self._known_gaps]
         if self._scheduler_missing() and SCHEDULER not in self._known_gaps:
@@ -177,30 +190,32 @@ class DriverWatch:
             pass
 
     def _find(self) -> list[str]:
-        """Track the watched pools' threads alive now; the names of any that were started and
-        died unseen (a pool numbers its threads from 0 as they start)."""
+        """Track the watched pools' threads alive now, and the scheduler's; the names of any
+        that were started and died unseen (a pool numbers its threads from 0 as they start; on
+        ``local-cluster`` the master's and workers' pools share the names)."""
         for thread in self.sc._jvm.java.lang.Thread.getAllStackTraces().keySet().toArray():
             name = str(thread.getName())
-            if name == SCHEDULER or name.rsplit("-", 1)[0] in POOLS:
-                self._threads.setdefault(name, thread)
+            if name == SCHEDULER:
+                self._scheduler = self._scheduler or thread
+            elif name.rsplit("-", 1)[0] in POOLS:
+                self._threads.setdefault(int(thread.getId()), (name, thread))
         gaps = []
         for pool in POOLS:
-            numbers = {int(n.rsplit("-", 1)[1]) for n in self._threads
+            numbers = {int(n.rsplit("-", 1)[1]) for n, _ in self._threads.values()
                        if n.rsplit("-", 1)[0] == pool and n.rsplit("-", 1)[1].isdigit()}
             gaps += [f"{pool}-{k}" for k in range(max(numbers, default=-1)) if k not in numbers]
         return gaps
 
     def _scheduler_missing(self) -> bool:
         """The SparkContext runs, but its DAG scheduler's thread is not (or no longer) alive."""
-        thread = self._threads.get(SCHEDULER)
-        if thread is not None and thread.isAlive():
+        if self._scheduler is not None and self._scheduler.isAlive():
             return False
         return not self.sc._jsc.sc().isStopped()
 
     # ------------------------------------------------------------------------- a JVM exiting
     def _ended(self) -> bool:
         """The driver's JVM, started by this process, has ended (no call could reach it)."""
-        proc = getattr(getattr(self.sc, "_gateway", None), "proc", None)
+        proc = driver_process(self.sc)
         try:
             return proc is not None and proc.poll() is not None
         except Exception:             # noqa: BLE001 - not a process this one can ask
@@ -235,21 +250,22 @@ class DriverWatch:
                         EXIT_GRACE_SECONDS)
         if now - self._exiting_since < EXIT_GRACE_SECONDS:
             return False
-        self.dead = (f"JVM began to exit (Spark exits it after an OutOfMemoryError in one of its "
-                     f"threads) and was still exiting {EXIT_GRACE_SECONDS:.0f} s later, one of "
-                     "its shutdown hooks blocked: ")
-        proc = getattr(getattr(self.sc, "_gateway", None), "proc", None)
+        stuck = (f"JVM began to exit (Spark exits it after an OutOfMemoryError in one of its "
+                 f"threads) and was still exiting {EXIT_GRACE_SECONDS:.0f} s later, one of its "
+                 "shutdown hooks blocked: ")
+        if not self._owned:
+            self.dead = stuck + "it is not this process's to end, and the fit waits for it"
+            log.error("the driver's %s", self.dead)
+            return True
+        # said (whole, at once) before the kill: the calls it ends read it at once
+        self.dead = stuck + "the watch killed it, so that the calls waiting on it fail"
+        log.error("the driver's %s", self.dead)
+        proc = driver_process(self.sc)
         try:
             if proc is not None and proc.pid == self._pid:
                 proc.kill()
-            elif self._pid is not None and os.getppid() == self._pid:  # under spark-submit
+            else:                      # under spark-submit: this process's parent
                 os.kill(self._pid, signal.SIGKILL)
-            else:
-                self.dead += "it is not this process's to end, and the fit waits for it"
-                log.error("the driver's %s", self.dead)
-                return True
         except OSError as exc:
             log.debug("the driver's JVM ended meanwhile: %s", exc)
-        self.dead += "the watch killed it, so that the calls waiting on it fail"
-        log.error("the driver's %s", self.dead)
         return True
