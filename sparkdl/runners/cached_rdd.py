@@ -100,12 +100,13 @@ def memory_kill_reason(exc: BaseException, sc: Any = None,
     out of heap is not one: :func:`driver_memory_reason`). With ``sc``: for a job that lost
     executor-held data without saying why, an executor Spark removed for memory meanwhile
     (:func:`executors_removed_for_memory`, not naming those in ``seen`` again)."""
-    if driver_memory_reason(exc) is not None:
+    text = exception_text(exc)      # read once: a Java exception's comes from the JVM
+    if driver_memory_reason(text) is not None:
         return None
-    for line in exception_text(exc).splitlines():
+    for line in text.splitlines():
         if any(marker in line for marker in _MEMORY_KILL_MARKERS):
             return line.strip(" :")[:300]
-    if sc is not None and lost_data_reason(exc) is not None:
+    if sc is not None and lost_data_reason(text) is not None:
         return executors_removed_for_memory(sc, seen if seen is not None else set())
     return None
 
@@ -145,10 +146,12 @@ def executors_removed_for_memory(sc: Any, seen: set[str]) -> str | None:
     return found[0] + (f" (and {len(found) - 1} more)" if len(found) > 1 else "")
 
 
-def lost_data_reason(exc: BaseException) -> str | None:
+def lost_data_reason(exc: BaseException | str) -> str | None:
     """If a Spark job failed because executor-held data was lost (a lost executor), which a
-    rebuild of the shards repairs, the line of the error that says so; otherwise None."""
-    for line in exception_text(exc).splitlines():
+    rebuild of the shards repairs, the line of the error (or of its text) that says so;
+    otherwise None."""
+    text = exc if isinstance(exc, str) else exception_text(exc)
+    for line in text.splitlines():
         if any(marker in line for marker in _LOST_DATA_MARKERS):
             return line.strip(" :")[:300]
     return None
