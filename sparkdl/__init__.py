@@ -24,15 +24,6 @@ __version__ = "0.1.0"
 __distribution__ = "sparkdl-torch"
 """The distribution (pip) name that installs this package; the import name is ``sparkdl``."""
 
-_SHIPPED_ENTRIES = frozenset({
-    "__init__.py", "py.typed", "adapters", "argument_checks.py", "data", "datasets", "engine",
-    "errors.py", "estimator.py", "executor", "losses.py", "metrics.py", "ml", "runners",
-    "spark_compat.py", "spark_settings.py", "storage", "training_step.py", "transport",
-    "triggers.py",
-})
-"""The top-level modules and packages the wheel installs into the ``sparkdl`` directory
-(tests/test_packaging.py keeps it equal to the wheel's)."""
-
 _FOREIGN_PROJECTS = {
     **dict.fromkeys(("horovod", "xgboost"), "Databricks' runtime module sparkdl (HorovodRunner, "
                     "XGBoost)"),
@@ -43,22 +34,25 @@ _FOREIGN_PROJECTS = {
 
 
 def _refuse_a_mixed_package_directory() -> None:
-    """Raise ImportError when the package directory also holds another project's files.
+    """Raise ImportError when the package directory also holds another ``sparkdl``'s files.
 
     Two distributions that both install a ``sparkdl`` directory into one site-packages leave
-    one directory with both projects' files; neither works. Executors import sparkdl in every
-    Python worker, so this costs one ``os.listdir`` of a few dozen names (microseconds).
+    one directory with both projects' files; neither works. Only the entries those projects
+    are known to install count (:data:`_FOREIGN_PROJECTS`, none of them a name of this
+    package's: tests/test_packaging.py), so a file of one's own never stops an import.
+    Executors import sparkdl in every Python worker: this costs one ``os.listdir`` of a few
+    dozen names (microseconds).
     """
     directory = os.path.dirname(os.path.abspath(__file__))
     try:
         names = os.listdir(directory)
     except OSError:   # not a plain directory (a zip archive): nothing can be mixed in by pip
         return
-    foreign = sorted(n for n in names if n not in _SHIPPED_ENTRIES and not n.startswith(".")
-                     and n != "__pycache__" and not _only_bytecode(os.path.join(directory, n)))
+    foreign = sorted(n for n in names if n.split(".")[0] in _FOREIGN_PROJECTS
+                     and not _only_bytecode(os.path.join(directory, n)))
     if not foreign:
         return
-    owners = sorted({_FOREIGN_PROJECTS.get(n.split(".")[0], "another project") for n in foreign})
+    owners = sorted({_FOREIGN_PROJECTS[n.split(".")[0]] for n in foreign})
     raise ImportError(
         f"The package directory {directory} holds sparkdl-torch's files and another project's: "
         f"{', '.join(foreign)}, which look like {' and '.join(owners)}. Two distributions were "
