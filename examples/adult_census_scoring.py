@@ -21,7 +21,8 @@ import sys
 
 # The training job's catalog and table helpers (this folder is on the path under python and
 # spark-submit alike: the script's own folder).
-from adult_census_tables import add_io_arguments, catalog_session, prediction_table, read_input
+from adult_census_tables import (add_io_arguments, catalog_session, prediction_table, read_input,
+                                 storage_path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         force=True)
     log = logging.getLogger("adult")
-    model_dir = os.path.abspath(args.model_dir)
-    if not os.path.isdir(model_dir) and "://" not in args.model_dir:
+    model_dir = storage_path(args.model_dir)
+    if "://" not in model_dir and not os.path.isdir(model_dir):
         log.error("--model-dir %s: no saved PipelineModel there (the training job's "
                   "--model-dir)", model_dir)
         return 2

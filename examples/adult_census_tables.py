@@ -54,6 +54,12 @@ def catalog_session(app_name: str, master: str, catalog_dir: str) -> Any:
     return spark
 
 
+def storage_path(path: str) -> str:
+    """``path`` as Spark should get it: a URI (``hdfs://``, ``s3a://``, ...) as it is, a local
+    path made absolute (the executors' working directory is not the driver's)."""
+    return path if "://" in path else os.path.abspath(path)
+
+
 def read_input(spark: Any, table: str | None, path: str | None) -> Any:
     """The DataFrame of a catalog table (``spark.table``) or of Parquet files
     (``spark.read.parquet``); a ValueError naming a table or path that does not exist."""
@@ -63,9 +69,9 @@ def read_input(spark: Any, table: str | None, path: str | None) -> Any:
                              f"{[t.name for t in spark.catalog.listTables()]}); "
                              "--prepare writes adult_train and adult_test")
         return spark.table(table)
-    if not os.path.exists(path) and "://" not in path:
+    if "://" not in path and not os.path.exists(path):
         raise ValueError(f"--input {path}: no such Parquet file or folder")
-    return spark.read.parquet(path)
+    return spark.read.parquet(storage_path(path))
 
 
 def prepare_tables(spark: Any, parquet_dir: str) -> None:
@@ -82,10 +88,10 @@ def prepare_tables(spark: Any, parquet_dir: str) -> None:
         df = read_adult(spark, source).coalesce(1).withColumn(
             ID_COL, F.monotonically_increasing_id())
         df = df.select(ID_COL, *[c for c in df.columns if c != ID_COL])
-        df.write.mode("overwrite").parquet(os.path.join(parquet_dir, name))
+        df.write.mode("overwrite").parquet(f"{parquet_dir.rstrip('/')}/{name}")
         df.write.mode("overwrite").saveAsTable(name)
-        logging.getLogger("adult").info("wrote %d rows to %s and table %s", df.count(),
-                                        os.path.join(parquet_dir, name), name)
+        logging.getLogger("adult").info("wrote %d rows to %s/%s and table %s", df.count(),
+                                        parquet_dir.rstrip("/"), name, name)
 
 
 def prediction_table(scored: Any, input_columns: list[str]) -> Any:
@@ -145,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     spark.sparkContext.setLogLevel("WARN")
     try:
         if args.prepare:
-            prepare_tables(spark, os.path.abspath(args.prepare))
+            prepare_tables(spark, storage_path(args.prepare))
         data = read_input(spark, args.table, args.input)
     except (ValueError, FileNotFoundError) as exc:
         log.error("%s", exc)
@@ -172,9 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     auc = BinaryClassificationEvaluator(metricName="areaUnderROC").evaluate(scored)
     prediction_table(scored, data.columns).write.mode("overwrite").saveAsTable(
         args.output_table)
-    model.write().overwrite().save(os.path.abspath(args.model_dir))
+    model.write().overwrite().save(storage_path(args.model_dir))
     log.info("wrote table %s (%d rows); saved the PipelineModel to %s", args.output_table,
-             scored.count(), os.path.abspath(args.model_dir))
+             scored.count(), storage_path(args.model_dir))
     print(f"holdout accuracy: {accuracy:.4f}, area under ROC: {auc:.4f}")
     spark.stop()
     return 0

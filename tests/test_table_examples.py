@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+from pyspark.sql import functions as F
 
 from test_examples import ROOT, spark_submit
 
@@ -42,6 +43,17 @@ def jobs(tmp_path_factory):
             "parquet": str(root / "parquet"), "train": train, "score": score}
 
 
+def _scored_here(model_dir, rows) -> list[tuple]:
+    """(id, prediction, P(>50K)) of ``rows`` by the saved PipelineModel, loaded in this
+    process, in id order."""
+    from pyspark.ml import PipelineModel
+    from pyspark.ml.functions import vector_to_array
+
+    scored = PipelineModel.load(model_dir).transform(rows).select(
+        "id", "prediction", vector_to_array(F.col("probability"))[1].alias("prob_over_50k"))
+    return sorted(tuple(r) for r in scored.collect())
+
+
 def _accuracy_and_majority(rows) -> tuple[float, float]:
     labels = [r["label"] for r in rows]
     accuracy = sum(r["prediction"] == r["label"] for r in rows) / len(rows)
@@ -68,24 +80,22 @@ def test_training_job_writes_the_holdout_predictions_table(jobs, spark):
     # About 76% earn <=50K: the model must do clearly better than always saying so.
     assert 0.74 < majority < 0.78 and accuracy > majority + 0.05, (accuracy, majority)
     assert float(printed.group(2)) > 0.85
+    # The saved model, loaded here, predicts what the training job's fitted model did.
+    held_out = spark.read.parquet(os.path.join(jobs["parquet"], "adult_train")).where(
+        F.col("id").isin(ids))
+    assert _scored_here(jobs["model"], held_out) == [
+        (r["id"], r["prediction"], r["prob_over_50k"]) for r in sorted(rows, key=lambda r: r["id"])]
 
 
 def test_scoring_job_scores_the_new_table_as_the_saved_model_does_here(jobs, spark):
-    from pyspark.ml import PipelineModel
-    from pyspark.ml.functions import vector_to_array
-    from pyspark.sql import functions as F
-
     scored = spark.read.parquet(os.path.join(jobs["warehouse"], "adult_test_scored"))
     assert scored.columns == PREDICTION_COLUMNS
     theirs = sorted(scored.collect(), key=lambda r: r["id"])
     assert [r["id"] for r in theirs] == list(range(ADULT_TEST_ROWS))
     # The catalog table the training job's preparation wrote, read by the second process.
     new_rows = spark.read.parquet(os.path.join(jobs["warehouse"], "adult_test"))
-    ours = sorted(PipelineModel.load(jobs["model"]).transform(new_rows).select(
-        "id", "prediction", vector_to_array(F.col("probability"))[1].alias("prob_over_50k"))
-        .collect(), key=lambda r: r["id"])
     assert [(r["id"], r["prediction"], r["prob_over_50k"]) for r in theirs] == \
-        [tuple(r) for r in ours]
+        _scored_here(jobs["model"], new_rows)
     accuracy, majority = _accuracy_and_majority(theirs)
     assert accuracy > majority + 0.05, (accuracy, majority)
     assert f"accuracy on the new rows: {accuracy:.4f}" in jobs["score"].stdout
@@ -93,8 +103,8 @@ def test_scoring_job_scores_the_new_table_as_the_saved_model_does_here(jobs, spa
 
 def test_scoring_job_names_a_missing_model_folder(tmp_path):
     missing = str(tmp_path / "no-model")
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "adult_census_scoring.py"),
-                           "--table", "adult_test", "--model-dir", missing,
+    script = os.path.join(ROOT, "examples", "adult_census_scoring.py")
+    proc = subprocess.run([sys.executable, script, "--table", "adult_test", "--model-dir", missing,
                            "--catalog-dir", str(tmp_path / "catalog")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
