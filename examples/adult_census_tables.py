@@ -24,6 +24,10 @@ import os
 import sys
 from typing import Any
 
+# The network and its recipe: the Adult census pipeline example's (this folder is on the path
+# under python and spark-submit alike: the script's own folder).
+from adult_census_pipeline import adult_classifier
+
 ID_COL = "id"
 """The row id the prepared tables carry, kept in every predictions table to join on."""
 
@@ -139,12 +143,10 @@ def main(argv: list[str] | None = None) -> int:
                         force=True)
     log = logging.getLogger("adult")
 
-    import torch
     from pyspark.ml import Pipeline
     from pyspark.ml.evaluation import (BinaryClassificationEvaluator,
                                        MulticlassClassificationEvaluator)
 
-    from sparkdl import NNClassifier
     from sparkdl.datasets import adult_feature_stages
 
     spark = catalog_session("sparkdl Adult census from tables", args.master, args.catalog_dir)
@@ -164,13 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     features = Pipeline(stages=adult_feature_stages("features")).fit(train)
     width = features.transform(train.limit(1)).first()["features"].size
 
-    def mlp() -> torch.nn.Module:
-        return torch.nn.Sequential(torch.nn.Linear(width, 64), torch.nn.ReLU(),
-                                   torch.nn.Linear(64, 2))
-
-    clf = NNClassifier(model=mlp, criterion=torch.nn.CrossEntropyLoss(),
-                       batchSize=args.batch_size, maxEpoch=args.epochs,
-                       learningRate=args.learning_rate, optimizer="adam", seed=args.seed)
+    clf = adult_classifier(width, args.epochs, args.batch_size, args.learning_rate, args.seed)
     model = Pipeline(stages=features.stages + [clf]).fit(train)
 
     scored = model.transform(holdout).cache()
