@@ -17,6 +17,25 @@ import os
 import sys
 
 
+def adult_classifier(width: int, epochs: int, batch_size: int, learning_rate: float,
+                     seed: int) -> "object":
+    """The NNClassifier both Adult census examples end with: an MLP over ``width`` features
+    (one hidden layer of 64), two logits, Adam.
+
+    Example: ``Pipeline(stages=adult_feature_stages() + [adult_classifier(108, 4, 512, 5e-3, 0)])``
+    """
+    import torch
+
+    from sparkdl import NNClassifier
+
+    def mlp() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(width, 64), torch.nn.ReLU(),
+                                   torch.nn.Linear(64, 2))
+
+    return NNClassifier(model=mlp, criterion=torch.nn.CrossEntropyLoss(), batchSize=batch_size,
+                        maxEpoch=epochs, learningRate=learning_rate, optimizer="adam", seed=seed)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -34,12 +53,10 @@ def main(argv: list[str] | None = None) -> int:
                         force=True)
     log = logging.getLogger("adult")
 
-    import torch
     from pyspark.ml import Pipeline
     from pyspark.ml.evaluation import MulticlassClassificationEvaluator
 
     from sparkdl.spark_settings import spark_session
-    from sparkdl import NNClassifier
     from sparkdl.datasets import adult_feature_stages, adult_paths, read_adult
 
     try:
@@ -57,13 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     width = Pipeline(stages=prepare).fit(train).transform(train).first()["features"].size
     log.info("%d training rows, %d test rows, %d features", train.count(), test.count(), width)
 
-    def mlp() -> torch.nn.Module:
-        return torch.nn.Sequential(torch.nn.Linear(width, 64), torch.nn.ReLU(),
-                                   torch.nn.Linear(64, 2))
-
-    clf = NNClassifier(model=mlp, criterion=torch.nn.CrossEntropyLoss(),
-                       batchSize=args.batch_size, maxEpoch=args.epochs,
-                       learningRate=args.learning_rate, optimizer="adam", seed=args.seed)
+    clf = adult_classifier(width, args.epochs, args.batch_size, args.learning_rate, args.seed)
     model = Pipeline(stages=prepare + [clf]).fit(train)
     accuracy = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(
         model.transform(test))
