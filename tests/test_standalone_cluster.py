@@ -1,66 +1,27 @@
-"""A real Spark standalone cluster on 127.0.0.1: a master and two workers started with
-``spark-class`` from the pyspark package, an example submitted with
-``spark-submit --master spark://127.0.0.1:PORT``, sparkdl shipped as a zip through ``--py-files``
-(as on a Hadoop cluster where nothing is installed on the workers), and everything torn down.
-
-The Python that the driver and the executors run sees torch, numpy and pyspark but *not* sparkdl
-(checked first), so the job can only pass if ``--py-files`` shipped it.
+"""A real Spark standalone cluster on 127.0.0.1: a master and workers started with
+``spark-class`` from the pyspark package, and everything torn down (the cluster class is shared
+with tests/test_shipping.py, which submits jobs whose executors lack sparkdl); executors joining
+and leaving under dynamic allocation.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
 import time
-import zipfile
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FASHION = "/usr/share/datasets/fashion-mnist"
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def python_without_sparkdl(tmp) -> str:
-    """A python launcher that sees this interpreter's packages except sparkdl (``-S``: no
-    site-packages processing, so no editable-install hook; a copy of site-packages' entries
-    without sparkdl on PYTHONPATH instead)."""
-    import sysconfig
-
-    site = sysconfig.get_paths()["purelib"]
-    shadow = tmp / "site"
-    shadow.mkdir()
-    for name in os.listdir(site):
-        if name.startswith(("sparkdl", "__editable__")) or name.endswith(".pth"):
-            continue
-        os.symlink(os.path.join(site, name), shadow / name)
-    launcher = tmp / "python"
-    launcher.write_text("#!/bin/sh\n"
-                        f'PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{shadow}" '
-                        f'exec {sys.executable} -S "$@"\n')
-    launcher.chmod(0o755)
-    return str(launcher)
-
-
-def sparkdl_zip(tmp) -> str:
-    """sparkdl's sources zipped the way a user ships them: ``zip -r sparkdl.zip sparkdl``."""
-    path = tmp / "sparkdl.zip"
-    with zipfile.ZipFile(path, "w") as z:
-        for folder, _, files in os.walk(os.path.join(ROOT, "sparkdl")):
-            for f in files:
-                if f.endswith(".py"):
-                    full = os.path.join(folder, f)
-                    z.write(full, os.path.relpath(full, ROOT))
-    return str(path)
 
 
 def processes_under(path: str) -> list[str]:
@@ -146,39 +107,6 @@ class StandaloneCluster:
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-
-
-@pytest.mark.skipif(not os.path.isdir(FASHION), reason="apt-get install dataset-fashion-mnist")
-def test_example_on_a_standalone_cluster_with_py_files(tmp_path):
-    python = python_without_sparkdl(tmp_path)
-    probe = subprocess.run([python, "-c", "import sparkdl"], capture_output=True, text=True,
-                           cwd=tmp_path)
-    assert probe.returncode != 0 and "No module named 'sparkdl'" in probe.stderr
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=python,
-               PYSPARK_DRIVER_PYTHON=python, SPARK_NO_DAEMONIZE="1")
-    env.pop("PYTHONPATH", None)
-    cluster = StandaloneCluster(tmp_path, workers=2, env=env)
-    try:
-        submit = os.path.join(os.path.dirname(cluster.spark_class), "spark-submit")
-        proc = subprocess.run(
-            [submit, "--master", cluster.url, "--py-files", sparkdl_zip(tmp_path),
-             "--executor-memory", "1g", "--total-executor-cores", "2",
-             "--conf", "spark.ui.enabled=false",
-             "--conf", "spark.driver.host=127.0.0.1",
-             os.path.join(ROOT, "examples", "lenet_fashion_mnist_engine.py"),
-             "--train-samples", "6000", "--epochs", "2", "--partitions", "2",
-             "--min-accuracy", "0.6"],
-            capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        accuracy = float(re.search(r"test accuracy: ([0-9.]+)", proc.stdout).group(1))
-        assert accuracy >= 0.6
-        # Both workers ran executors for this application.
-        apps = [d for w in ("worker0", "worker1") for d in os.listdir(tmp_path / w)]
-        assert len(apps) == 2 and len(set(apps)) == 1, apps
-    finally:
-        cluster.stop()
-    time.sleep(1)
-    assert processes_under(str(tmp_path)) == []
 
 
 def _holds_shards(work) -> bool:
