@@ -46,9 +46,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        force=True)
+    # INFO for sparkdl's and this script's loggers only: py4j (and anything else) stays at
+    # WARNING, else py4j logs every connection it closes at exit
+    logging.basicConfig(level=logging.WARNING, force=True,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("lenet")
+    for name in ("sparkdl", "lenet"):
+        logging.getLogger(name).setLevel(logging.INFO)
 
     from sparkdl.spark_settings import spark_session
     from sparkdl import DistriOptimizer, Loss, Top1Accuracy

@@ -62,7 +62,7 @@ def test_summary_time_split_and_one_log_line_per_iteration(sc, caplog, allreduce
     opt = DistriOptimizer(net, make_rdd(sc, list(zip(x, y)), [30, 30]),
                           torch.nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1),
                           batch_size=20, end_trigger=MaxIteration(4), allreduce=allreduce)
-    with caplog.at_level(logging.INFO, logger="sparkdl"):
+    with caplog.at_level(logging.DEBUG, logger="sparkdl"):   # each iteration's line: DEBUG
         opt.optimize()
     lines = [r.getMessage() for r in caplog.records if " iteration " in r.getMessage()
              and "records" in r.getMessage()]

@@ -53,7 +53,7 @@ from .inference import predict_column
 from .mlflow_models import training_example
 from .fit_together import fit_together
 from .mlflow_runs import check_logging
-from .params import NNClassifierParams, NNParams, validate_params
+from .params import NNClassifierParams, NNParams, known_keywords, validate_params
 from .persistence import NNModelReader, NNModelWriter, NNStageReader, NNStageWriter
 
 __all__ = ["NNEstimator", "NNModel", "NNClassifier", "NNClassifierModel"]
@@ -61,6 +61,11 @@ __all__ = ["NNEstimator", "NNModel", "NNClassifier", "NNClassifierModel"]
 log = logging.getLogger("sparkdl")
 
 ModelSpec = nn.Module | Callable[[], nn.Module]
+
+OBJECT_ARGUMENTS = ("model", "criterion", "preprocess", "optimizerFactory", "augment",
+                    "lrScheduler", "initialModel", "collate", "trainingStep", "validationStep")
+"""The constructors' arguments that are not JSON Params but objects the estimator holds (in
+:meth:`_NNEstimatorBase._set_objects`'s order; ``lrScheduler`` is also a Param)."""
 
 
 def _torch_optimizer(name: str, params: Any, lr: float, momentum: float,
@@ -132,22 +137,24 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
                         "hash (a function closing over a lock or a session); \"\": none needed",
                         typeConverter=TypeConverters.toString)
 
-    @keyword_only
-    def __init__(self, *, model: ModelSpec | None = None, criterion: Any = None,
-                 preprocess: Any = None, optimizerFactory: Any = None, augment: Any = None,
-                 lrScheduler: Any = None, initialModel: Any = None, collate: Any = None,
-                 trainingStep: Any = None, validationStep: Any = None,
-                 **params: Any) -> None:
+    def __init__(self) -> None:
         super().__init__()
         self._setDefault(lrScheduler=None, fitIdentity="", outerOptimizer=None)
-        self._set_objects(model, criterion, preprocess, optimizerFactory, augment, lrScheduler,
-                          initialModel, collate, trainingStep, validationStep)
-        unknown = sorted(set(params) - {p.name for p in self.params})
-        if unknown:
-            raise InvalidArgumentError(
-                f"{type(self).__name__} has no Param {unknown[0]!r}; its Params are "
-                f"{sorted(p.name for p in self.params)}.")
-        self._set(**params)
+
+    def _take_arguments(self, kwargs: dict[str, Any]) -> None:
+        """The constructor's keyword arguments as given: the objects (:data:`OBJECT_ARGUMENTS`)
+        held as attributes, the rest set as Params."""
+        params = dict(kwargs)
+        self._set_objects(*(params.pop(name, None) for name in OBJECT_ARGUMENTS))
+        self._set_params(params)
+
+    def _set_params(self, params: dict[str, Any]) -> "_NNEstimatorBase":
+        """``setParams``'s keyword arguments as given (``lrScheduler`` checked as by its
+        setter)."""
+        params = dict(params)
+        if "lrScheduler" in params:
+            self.setLrScheduler(params.pop("lrScheduler"))
+        return self._set(**params)
 
     def _set_objects(self, model: ModelSpec | None, criterion: Any, preprocess: Any,
                      optimizer_factory: Any, augment: Any = None, lr_scheduler: Any = None,
@@ -641,12 +648,10 @@ class NNEstimator(_NNEstimatorBase, NNParams):
             read at its ``"logits"``).
         validationStep: optional ``(model, inputs, target) -> output`` replacing
             ``model(*inputs)`` for the validation metrics.
-        **params: any Param: featuresCol, featuresCols, inputCols, labelCol, predictionCol,
-            featureShape, batchSize, maxEpoch, learningRate, optimizer, momentum, weightDecay,
-            seed, numTrainWorkers, validationIndicatorCol, microBatchSize, subReplicas,
-            inferenceBatchSize, localSteps, outerOptimizer, syncWarmup,
-            checkpointDir, gradientClipNorm, earlyStoppingPatience, restoreBest,
-            validationMetrics, device, precision, tensorboardDir, progressBar, mlflowLogging.
+        featuresCol, ..., mlflowLogging: the Params, each a keyword argument with its
+            default (``explainParams()`` says what each does; the configuration page lists them
+            with the engine's names); ``setParams`` takes the same keywords. An unknown keyword
+            is an :class:`~sparkdl.InvalidArgumentError` naming the Params.
 
     Example::
 
@@ -654,6 +659,60 @@ class NNEstimator(_NNEstimatorBase, NNParams):
                           featuresCols=["a", "b", "c"], labelCol="y", maxEpoch=5)
         predictions = est.fit(df).transform(df)   # + "prediction" (double)
     """
+
+    # the defaults shown are the Params' defaults; @keyword_only passes on only the arguments
+    # given, so a default (the lists included) is never stored or shared
+    @known_keywords
+    @keyword_only
+    def __init__(self, *, model: ModelSpec | None = None,
+                 criterion: Callable[..., Any] | None = None,
+                 preprocess: Callable[..., Any] | None = None,
+                 optimizerFactory: Callable[..., Any] | None = None,
+                 augment: Callable[..., Any] | None = None,
+                 lrScheduler: Callable[[Any], Any] | None = None, initialModel: Any = None,
+                 collate: Callable[..., Any] | None = None,
+                 trainingStep: Callable[..., Any] | None = None,
+                 validationStep: Callable[..., Any] | None = None, featuresCol: str = "features",
+                 featuresCols: list[str] = [], inputCols: list[str] = [],
+                 sequenceCols: list[str] = [], featureShape: list[int] = [],
+                 paddingValue: float = 0.0, labelCol: str = "label", weightCol: str = "",
+                 predictionCol: str = "prediction", validationIndicatorCol: str = "",
+                 batchSize: int = 128, maxEpoch: int = 10, learningRate: float = 0.001,
+                 optimizer: str = "adam", momentum: float = 0.0, weightDecay: float = 0.0,
+                 seed: int = 0, gradientClipNorm: float = 0.0, microBatchSize: int = 0,
+                 earlyStoppingPatience: int = 0, restoreBest: bool = True,
+                 validationMetrics: list[str] = [], localSteps: int = 1, syncWarmup: int = 0,
+                 outerOptimizer: str | Callable[..., Any] | None = None, numTrainWorkers: int = 0,
+                 subReplicas: int = 0, device: str = "auto", precision: str = "32",
+                 inferenceBatchSize: int = 1024, checkpointDir: str = "", fitIdentity: str = "",
+                 exchangeDir: str = "", tuningStrategy: str = "together", progressBar: bool = True,
+                 tensorboardDir: str = "", mlflowLogging: bool = False) -> None:
+        super().__init__()
+        self._take_arguments(self._input_kwargs)
+
+    @known_keywords
+    @keyword_only
+    def setParams(self, *, featuresCol: str = "features", featuresCols: list[str] = [],
+                  inputCols: list[str] = [], sequenceCols: list[str] = [],
+                  featureShape: list[int] = [], paddingValue: float = 0.0, labelCol: str = "label",
+                  weightCol: str = "", predictionCol: str = "prediction",
+                  validationIndicatorCol: str = "", batchSize: int = 128, maxEpoch: int = 10,
+                  learningRate: float = 0.001, optimizer: str = "adam", momentum: float = 0.0,
+                  weightDecay: float = 0.0, seed: int = 0, gradientClipNorm: float = 0.0,
+                  microBatchSize: int = 0, lrScheduler: Callable[[Any], Any] | None = None,
+                  earlyStoppingPatience: int = 0, restoreBest: bool = True,
+                  validationMetrics: list[str] = [], localSteps: int = 1, syncWarmup: int = 0,
+                  outerOptimizer: str | Callable[..., Any] | None = None, numTrainWorkers: int = 0,
+                  subReplicas: int = 0, device: str = "auto", precision: str = "32",
+                  inferenceBatchSize: int = 1024, checkpointDir: str = "", fitIdentity: str = "",
+                  exchangeDir: str = "", tuningStrategy: str = "together",
+                  progressBar: bool = True, tensorboardDir: str = "",
+                  mlflowLogging: bool = False) -> "NNEstimator":
+        """Sets the given Params (only those named; the others keep their values).
+
+        Example: ``est.setParams(batchSize=64, maxEpoch=3, learningRate=0.01)``.
+        """
+        return self._set_params(self._input_kwargs)
 
 
 class NNModel(_NNModelBase, NNParams):
@@ -682,6 +741,62 @@ class NNClassifier(_NNEstimatorBase, NNClassifierParams):
     """
 
     _classifier = True
+
+    # the defaults shown are the Params' defaults; @keyword_only passes on only the arguments
+    # given, so a default (the lists included) is never stored or shared
+    @known_keywords
+    @keyword_only
+    def __init__(self, *, model: ModelSpec | None = None,
+                 criterion: Callable[..., Any] | None = None,
+                 preprocess: Callable[..., Any] | None = None,
+                 optimizerFactory: Callable[..., Any] | None = None,
+                 augment: Callable[..., Any] | None = None,
+                 lrScheduler: Callable[[Any], Any] | None = None, initialModel: Any = None,
+                 collate: Callable[..., Any] | None = None,
+                 trainingStep: Callable[..., Any] | None = None,
+                 validationStep: Callable[..., Any] | None = None, featuresCol: str = "features",
+                 featuresCols: list[str] = [], inputCols: list[str] = [],
+                 sequenceCols: list[str] = [], featureShape: list[int] = [],
+                 paddingValue: float = 0.0, labelCol: str = "label", weightCol: str = "",
+                 predictionCol: str = "prediction", probabilityCol: str = "probability",
+                 rawPredictionCol: str = "rawPrediction", validationIndicatorCol: str = "",
+                 batchSize: int = 128, maxEpoch: int = 10, learningRate: float = 0.001,
+                 optimizer: str = "adam", momentum: float = 0.0, weightDecay: float = 0.0,
+                 seed: int = 0, gradientClipNorm: float = 0.0, microBatchSize: int = 0,
+                 earlyStoppingPatience: int = 0, restoreBest: bool = True,
+                 validationMetrics: list[str] = [], localSteps: int = 1, syncWarmup: int = 0,
+                 outerOptimizer: str | Callable[..., Any] | None = None, numTrainWorkers: int = 0,
+                 subReplicas: int = 0, device: str = "auto", precision: str = "32",
+                 inferenceBatchSize: int = 1024, checkpointDir: str = "", fitIdentity: str = "",
+                 exchangeDir: str = "", tuningStrategy: str = "together", progressBar: bool = True,
+                 tensorboardDir: str = "", mlflowLogging: bool = False) -> None:
+        super().__init__()
+        self._take_arguments(self._input_kwargs)
+
+    @known_keywords
+    @keyword_only
+    def setParams(self, *, featuresCol: str = "features", featuresCols: list[str] = [],
+                  inputCols: list[str] = [], sequenceCols: list[str] = [],
+                  featureShape: list[int] = [], paddingValue: float = 0.0, labelCol: str = "label",
+                  weightCol: str = "", predictionCol: str = "prediction",
+                  probabilityCol: str = "probability", rawPredictionCol: str = "rawPrediction",
+                  validationIndicatorCol: str = "", batchSize: int = 128, maxEpoch: int = 10,
+                  learningRate: float = 0.001, optimizer: str = "adam", momentum: float = 0.0,
+                  weightDecay: float = 0.0, seed: int = 0, gradientClipNorm: float = 0.0,
+                  microBatchSize: int = 0, lrScheduler: Callable[[Any], Any] | None = None,
+                  earlyStoppingPatience: int = 0, restoreBest: bool = True,
+                  validationMetrics: list[str] = [], localSteps: int = 1, syncWarmup: int = 0,
+                  outerOptimizer: str | Callable[..., Any] | None = None, numTrainWorkers: int = 0,
+                  subReplicas: int = 0, device: str = "auto", precision: str = "32",
+                  inferenceBatchSize: int = 1024, checkpointDir: str = "", fitIdentity: str = "",
+                  exchangeDir: str = "", tuningStrategy: str = "together",
+                  progressBar: bool = True, tensorboardDir: str = "",
+                  mlflowLogging: bool = False) -> "NNClassifier":
+        """Sets the given Params (only those named; the others keep their values).
+
+        Example: ``clf.setParams(batchSize=64, maxEpoch=3, learningRate=0.01)``.
+        """
+        return self._set_params(self._input_kwargs)
 
 
 class NNClassifierModel(_NNModelBase, NNClassifierParams):

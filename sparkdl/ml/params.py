@@ -7,7 +7,10 @@ message template: "The 'x' Param of Y must be ... Got ... instead.".
 
 from __future__ import annotations
 
-from typing import Any
+import difflib
+import functools
+import inspect
+from typing import Any, Callable, TypeVar
 
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (HasFeaturesCol, HasLabelCol, HasPredictionCol,
@@ -23,7 +26,7 @@ from ..executor.devices import DEVICES
 from ..spark_compat import HasBatchSize, HasLearningRate, HasMomentum, HasNumTrainWorkers
 from .engine_settings import METRIC_NAMES
 
-__all__ = ["NNParams", "NNClassifierParams", "OPTIMIZERS", "validate_params"]
+__all__ = ["NNParams", "NNClassifierParams", "OPTIMIZERS", "known_keywords", "validate_params"]
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
 
@@ -127,8 +130,56 @@ class NNParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasBatchSize, HasL
                          tuningStrategy="together", localSteps=1, syncWarmup=0)
 
     def setParams(self, **params: Any) -> "NNParams":
-        """Set any Params by name, e.g. ``setParams(batchSize=64, maxEpoch=3)``."""
+        """Set any Params by name, e.g. ``setParams(batchSize=64, maxEpoch=3)`` (the
+        estimators spell theirs out; this serves the fitted models)."""
+        refuse_unknown(self, params, ())
         return self._set(**params)
+
+
+Method = TypeVar("Method", bound=Callable[..., Any])
+
+
+def param_names(cls: type) -> list[str]:
+    """The names of ``cls``'s Params, sorted."""
+    return sorted(n for n in dir(cls) if isinstance(getattr(cls, n, None), Param))
+
+
+def refuse_unknown(stage: Params, keywords: Any, others: Any) -> None:
+    """An :class:`InvalidArgumentError` for the first of ``keywords`` that is neither a Param
+    of ``stage`` nor one of ``others`` (the other arguments the method takes), naming the
+    Params and the closest spelling."""
+    params = param_names(type(stage))
+    known = set(params) | set(others)
+    unknown = sorted(k for k in keywords if k not in known)
+    if not unknown:
+        return
+    close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+    rest = sorted(set(others) - set(params))
+    raise InvalidArgumentError(
+        f"{type(stage).__name__} has no Param {unknown[0]!r}; its Params are {params}"
+        + (f", and it also takes {', '.join(rest)}" if rest else "")
+        + (f". Did you mean {close[0]!r}?" if close else "."))
+
+
+def known_keywords(method: Method) -> Method:
+    """Wraps a stage's ``@keyword_only`` ``__init__`` or ``setParams`` (put it above) so that
+    a keyword the signature lacks is an :class:`InvalidArgumentError` naming the stage's
+    Params, not Python's bare ``TypeError``.
+
+    Example::
+
+        @known_keywords
+        @keyword_only
+        def setParams(self, *, batchSize: int = 128) -> "Stage": ...
+    """
+    names = [n for n in inspect.signature(method).parameters if n != "self"]
+
+    @functools.wraps(method)
+    def checked(self: Params, *args: Any, **kwargs: Any) -> Any:
+        refuse_unknown(self, kwargs, names)
+        return method(self, *args, **kwargs)
+
+    return checked  # type: ignore[return-value]
 
 
 def _getter(param: str) -> Any:

@@ -194,6 +194,18 @@ def check_replica(name: str, first: ShardSummary, replica: ShardSummary) -> None
         "replicas (spark.sparkdl.shardReplicas=1).")
 
 
+def _drop_blocks(rdd: RDD) -> None:
+    """Remove a locally checkpointed RDD's blocks from the executors (not blocking).
+
+    ``rdd.unpersist()`` would log a warning for every such RDD ("was locally checkpointed, its
+    lineage has been truncated and cannot be recomputed after unpersisting"): true, and the
+    point here, since the shards are dropped for good (a rebuild makes a new RDD), so the
+    warning would only alarm. This is the call Spark's own ContextCleaner makes for an RDD it
+    collects, which warns about nothing."""
+    rdd.context._jsc.sc().unpersistRDD(rdd.id(), False)
+    rdd.is_cached = False
+
+
 class CachedData(HeldData):
     """An RDD of ``(features, label)`` pairs held as shards on the executors (RDD jobs;
     everything else is :class:`~sparkdl.runners.held_data.HeldData`'s).
@@ -224,7 +236,7 @@ class CachedData(HeldData):
 
     def _build(self) -> list[ShardSummary]:
         if self.index_rdd is not None:
-            self.index_rdd.unpersist(blocking=False)
+            _drop_blocks(self.index_rdd)
         self.index_rdd = self.rdd.mapPartitionsWithIndex(self.builder)
         self.index_rdd.setName(f"sparkdl {self.name} shards {self.data_key}")
         # persist() also stops pyspark from pipelining later stages into the build function;
@@ -412,7 +424,7 @@ class CachedData(HeldData):
         """Unpersist the index RDD and delete the shard files this machine can reach."""
         if self.index_rdd is None:
             return
-        self.index_rdd.unpersist(blocking=False)
+        _drop_blocks(self.index_rdd)
         self.index_rdd = None
         self._targeted = None
         if self.placement is not None:

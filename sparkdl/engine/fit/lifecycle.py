@@ -67,7 +67,6 @@ class FitLifecycle:
         """Whether the scheduler steps on a metric (``ReduceLROnPlateau``)."""
         self.reporter: ProgressReporter | None = None
         """The run's progress sinks, between :meth:`start` and :meth:`close`."""
-        self.iteration_level = logging.INFO
 
     def start(self) -> bool:
         """Before the first iteration: False when the end trigger had already fired (a resumed
@@ -89,7 +88,6 @@ class FitLifecycle:
                                          ctx.settings.tensorboard_dir, per_epoch,
                                          planned_iterations(ctx.end_trigger, per_epoch),
                                          ctx.iteration, listeners=ctx.listeners)
-        self.iteration_level = logging.DEBUG if self.reporter.console else logging.INFO
         return True
 
     def close(self) -> None:

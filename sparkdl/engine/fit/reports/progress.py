@@ -1,11 +1,14 @@
-"""Training progress as users watch it: a progress bar in a console or a Jupyter notebook, and
-train / validation scalars for TensorBoard.
+"""Training progress as users watch it: a progress bar in a console or a Jupyter notebook, log
+lines elsewhere, and train / validation scalars for TensorBoard.
 
 The engine reports to a :class:`ProgressReporter`, which fans out to the sinks chosen for the
 run. A console bar is drawn on ``stderr`` only when it is a terminal; in a notebook the bar is an
-HTML ``<progress>`` element updated in place. Both can be turned off (``progress_bar=False`` on
-:class:`~sparkdl.DistriOptimizer`, ``progressBar=False`` on the estimators); the per-iteration
-log lines stay either way (at DEBUG while a console bar owns the terminal line).
+HTML ``<progress>`` element updated in place. Where no bar is drawn (``spark-submit`` logging to a
+file, CI, or the bar turned off: ``progress_bar=False`` on :class:`~sparkdl.DistriOptimizer`,
+``progressBar=False`` on the estimators), :class:`ProgressLog` writes the bar's text as INFO
+lines of the ``sparkdl.progress`` logger at a bounded rate: one at every tenth of an epoch (its last iteration
+included) and one after 30 s without a line, never one per iteration. Every iteration's numbers
+stay in the run's summary and in a DEBUG line of the ``sparkdl`` logger.
 
 Example::
 
@@ -17,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import html
+import logging
 import sys
 import time
 from typing import Any, Sequence, TextIO
@@ -24,8 +28,10 @@ from typing import Any, Sequence, TextIO
 from ....errors import InvalidArgumentError
 from .summary import IterationRecord, ValidationRecord
 
-__all__ = ["ProgressReporter", "ConsoleBar", "NotebookBar", "TensorBoardSink", "check_tensorboard",
-           "in_notebook"]
+__all__ = ["ProgressReporter", "ConsoleBar", "NotebookBar", "ProgressLog", "TensorBoardSink",
+           "check_tensorboard", "in_notebook"]
+
+progress_log = logging.getLogger("sparkdl.progress")
 
 
 def in_notebook() -> bool:
@@ -134,6 +140,39 @@ class NotebookBar(_Bar):
         pass
 
 
+class ProgressLog(_Bar):
+    """The bar's text as INFO lines of the ``sparkdl.progress`` logger, for logs that are not
+    a terminal: a line when an iteration reaches the next tenth of its epoch (so the epoch's
+    last iteration always has one), or when ``quiet_s`` seconds passed since the last line (a
+    slow epoch still shows it is alive). At most ten lines per epoch plus one per ``quiet_s``;
+    the validations have lines of their own.
+
+    Example: ``ProgressLog(235, 235, 0)`` logs iterations 24, 47, 71, ... 212 and 235.
+    """
+
+    tenths = 10
+
+    def __init__(self, iterations_per_epoch: int, total_iterations: int | None,
+                 start_iteration: int, quiet_s: float = 30.0) -> None:
+        super().__init__(iterations_per_epoch, total_iterations, start_iteration)
+        self.quiet_s = quiet_s
+        self.last_line = time.perf_counter()
+
+    def due(self, step: int) -> bool:
+        """Whether iteration ``step`` (1-based, within its epoch) ends a tenth of the epoch."""
+        return step * self.tenths // self.per_epoch > (step - 1) * self.tenths // self.per_epoch
+
+    def iteration(self, record: IterationRecord) -> None:
+        line, step = self.text(record)
+        now = time.perf_counter()
+        if self.due(step) or now - self.last_line >= self.quiet_s:
+            self.last_line = now
+            progress_log.info("%s", line)
+
+    def close(self) -> None:
+        pass
+
+
 class TensorBoardSink:
     """Writes ``train/loss``, ``train/learning_rate``, ``train/samples_per_s`` per iteration
     and ``validation/<metric>`` per validation, with the iteration as the step, through
@@ -159,9 +198,10 @@ class TensorBoardSink:
 
 
 class ProgressReporter:
-    """The sinks of one run: a bar (console or notebook, when asked and possible), an
-    optional TensorBoard writer, and ``listeners`` that the caller owns (fed the same records,
-    never closed here; e.g. :class:`sparkdl.engine.fit.reports.mlflow_tracking.MlflowTracker`).
+    """The sinks of one run: a bar (console or notebook, when asked and possible) or else
+    :class:`ProgressLog`'s bounded log lines, an optional TensorBoard writer, and
+    ``listeners`` that the caller owns (fed the same records, never closed here; e.g.
+    :class:`sparkdl.engine.fit.reports.mlflow_tracking.MlflowTracker`).
 
     ``progress_bar``: True always draws a bar (in the notebook when in one, else on ``stderr``),
     False never does, None draws one only when interactive (a notebook or a terminal).
@@ -183,6 +223,9 @@ class ProgressReporter:
                 self.sinks.append(ConsoleBar(iterations_per_epoch, total_iterations,
                                              start_iteration, stream))
                 self.console = True
+        if not self.sinks:
+            self.sinks.append(ProgressLog(iterations_per_epoch, total_iterations,
+                                          start_iteration))
         if tensorboard_dir:
             self.sinks.append(TensorBoardSink(tensorboard_dir))
 

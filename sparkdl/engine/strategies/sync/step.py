@@ -196,10 +196,9 @@ class SyncStep:
         record = self._record(result, epoch, spec.batch_size, loss, lr, update_s,
                               time.perf_counter() - t_start,
                               ctx.train.shards_rebuilt - self._rebuilt_before)
-        log.log(life.iteration_level,
-                "epoch %d iteration %d (%d/%d): records %d, loss %.6g, %.0f samples/s",
-                epoch + 1, ctx.iteration, step + 1, per_epoch, spec.batch_size, loss,
-                record.samples_per_s)
+        log.debug("epoch %d iteration %d (%d/%d): records %d, loss %.6g, %.0f samples/s",
+                  epoch + 1, ctx.iteration, step + 1, per_epoch, spec.batch_size, loss,
+                  record.samples_per_s)
         return life.finish_iteration(state, epoch, loss, lambda: state_vector,
                                      scheduler_due and life.metric_scheduler)
 
