@@ -49,9 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-accuracy", type=float, default=0.0,
                    help="exit with status 1 if the test accuracy is lower")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        force=True)
+    # INFO for sparkdl's and this script's loggers only (py4j stays at WARNING, else it logs
+    # every connection it closes at exit)
+    logging.basicConfig(level=logging.WARNING, force=True,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("adult")
+    for name in ("sparkdl", "adult"):
+        logging.getLogger(name).setLevel(logging.INFO)
 
     from pyspark.ml import Pipeline
     from pyspark.ml.evaluation import MulticlassClassificationEvaluator

@@ -34,9 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-table", default="adult_scored",
                    help="catalog table the predictions are written to")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        force=True)
+    # INFO for sparkdl's and this script's loggers only (py4j stays at WARNING, else it logs
+    # every connection it closes at exit)
+    logging.basicConfig(level=logging.WARNING, force=True,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("adult")
+    for name in ("sparkdl", "adult"):
+        logging.getLogger(name).setLevel(logging.INFO)
     model_dir = storage_path(args.model_dir)
     if "://" not in model_dir and not os.path.isdir(model_dir):
         log.error("--model-dir %s: no saved PipelineModel there (the training job's "

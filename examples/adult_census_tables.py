@@ -139,9 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not 0.0 < args.holdout < 1.0:
         p.error(f"--holdout {args.holdout}: give a share between 0 and 1")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        force=True)
+    # INFO for sparkdl's and this script's loggers only (py4j stays at WARNING, else it logs
+    # every connection it closes at exit)
+    logging.basicConfig(level=logging.WARNING, force=True,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("adult")
+    for name in ("sparkdl", "adult"):
+        logging.getLogger(name).setLevel(logging.INFO)
 
     from pyspark.ml import Pipeline
     from pyspark.ml.evaluation import (BinaryClassificationEvaluator,

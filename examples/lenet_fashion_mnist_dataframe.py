@@ -51,9 +51,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        force=True)
+    # INFO for sparkdl's and this script's loggers only (py4j stays at WARNING, else it logs
+    # every connection it closes at exit)
+    logging.basicConfig(level=logging.WARNING, force=True,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("lenet-df")
+    for name in ("sparkdl", "lenet-df"):
+        logging.getLogger(name).setLevel(logging.INFO)
     import torch
     from pyspark.ml.evaluation import MulticlassClassificationEvaluator
     from pyspark.sql import functions as F

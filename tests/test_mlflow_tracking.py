@@ -125,7 +125,7 @@ def test_set_mlflow_checks_its_arguments_and_that_mlflow_is_installed(monkeypatc
     with pytest.raises(InvalidArgumentError, match=r"'params' argument .* string keys"):
         opt.set_mlflow(params={1: "a"})
     monkeypatch.setitem(sys.modules, "mlflow", None)       # as if it were not installed
-    with pytest.raises(InvalidArgumentError, match=r"pip install 'sparkdl\[mlflow\]'"):
+    with pytest.raises(InvalidArgumentError, match=r"pip install 'sparkdl-torch\[mlflow\]'"):
         opt.set_mlflow()
     with pytest.raises(InvalidArgumentError, match=r"NNClassifier \(mlflowLogging=True\) logs "
                                                    r"to MLflow, which is not installed"):
@@ -184,7 +184,7 @@ def test_mlflow_spark_round_trip_of_a_pipeline_with_sparkdl_stages(spark, client
                                 regressor, classifier(featuresCol="scaled", maxEpoch=1)])
     fitted = pipeline.fit(df)
     with mlflow.start_run():
-        info = mlflow.spark.log_model(fitted, "pipeline", pip_requirements=["sparkdl"])
+        info = mlflow.spark.log_model(fitted, "pipeline", pip_requirements=["sparkdl-torch"])
     loaded = mlflow.spark.load_model(info.model_uri)
     assert isinstance(loaded, PipelineModel)
     assert [type(s).__name__ for s in loaded.stages] == \

@@ -3,8 +3,8 @@
 
 Each adapter turns the model's own training code into a ``training_step``
 (:mod:`sparkdl.training_step`) for :class:`sparkdl.DistriOptimizer` or the estimators'
-``trainingStep``. Neither imports its framework: install it as the extra ``sparkdl[huggingface]``
-or ``sparkdl[lightning]`` where the model is built.
+``trainingStep``. Neither imports its framework: install it as the extra ``sparkdl-torch[huggingface]``
+or ``sparkdl-torch[lightning]`` where the model is built.
 
 Example::
 

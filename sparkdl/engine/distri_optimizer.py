@@ -299,7 +299,7 @@ class DistriOptimizer:
                    tags: Mapping[str, str] | None = None,
                    flush_interval_s: float = FLUSH_INTERVAL_S,
                    finish_timeout_s: float = FINISH_TIMEOUT_S) -> "DistriOptimizer":
-        """Also log the run to MLflow (needs ``pip install 'sparkdl[mlflow]'``; checked now):
+        """Also log the run to MLflow (needs ``pip install 'sparkdl-torch[mlflow]'``; checked now):
         the settings as parameters once, then ``train/loss``, ``train/samples_per_s``,
         ``train/learning_rate`` per iteration and ``validation/<metric>`` per validation with
         ``step`` = the iteration, and the summary as the artifact

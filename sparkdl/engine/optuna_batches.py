@@ -1,5 +1,5 @@
 """Optuna studies whose trials train together (driver side; the optional extra
-``sparkdl[optuna]``).
+``sparkdl-torch[optuna]``).
 
 :class:`BatchedStudy` asks a study for its trials in batches of ``batch_size`` and trains each
 batch as one :class:`sparkdl.FitSet` (one Spark job per iteration for the whole batch), over
@@ -56,7 +56,7 @@ def _optuna() -> Any:
     try:
         import optuna
     except ImportError as exc:      # the extra is optional: say how to get it
-        raise ImportError("BatchedStudy needs Optuna: pip install 'sparkdl[optuna]'") from exc
+        raise ImportError("BatchedStudy needs Optuna: pip install 'sparkdl-torch[optuna]'") from exc
     return optuna
 
 

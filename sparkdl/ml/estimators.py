@@ -521,7 +521,7 @@ class _NNModelBase(Model, MLWritable, MLReadable):
         return self.summary_frame
 
     def plot_summary(self, ax: Any = None) -> Any:
-        """Plot the per-epoch curves with matplotlib (``pip install sparkdl[plot]``); returns
+        """Plot the per-epoch curves with matplotlib (``pip install sparkdl-torch[plot]``); returns
         the axes.
 
         Example: ``model.plot_summary().figure.savefig("curves.png")``.
@@ -648,10 +648,11 @@ class NNEstimator(_NNEstimatorBase, NNParams):
             read at its ``"logits"``).
         validationStep: optional ``(model, inputs, target) -> output`` replacing
             ``model(*inputs)`` for the validation metrics.
-        featuresCol, ..., mlflowLogging: the Params, each a keyword argument with its
-            default (``explainParams()`` says what each does; the configuration page lists them
-            with the engine's names); ``setParams`` takes the same keywords. An unknown keyword
-            is an :class:`~sparkdl.InvalidArgumentError` naming the Params.
+
+    Every Param (``featuresCol`` to ``mlflowLogging`` in the signature) is a keyword argument
+    with its default (``explainParams()`` says what each does; the configuration page lists them
+    with the engine's names); ``setParams`` takes the same keywords. An unknown keyword is an
+    :class:`~sparkdl.InvalidArgumentError` naming the Params.
 
     Example::
 

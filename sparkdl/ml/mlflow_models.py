@@ -1,4 +1,4 @@
-"""Fitted models in MLflow (driver side; needs ``pip install 'sparkdl[mlflow]'``).
+"""Fitted models in MLflow (driver side; needs ``pip install 'sparkdl-torch[mlflow]'``).
 
 Two ways, for two uses:
 

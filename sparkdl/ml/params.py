@@ -64,7 +64,7 @@ _OWN_PARAMS: dict[str, tuple[Any, str]] = {
                        "also write training and validation scalars for TensorBoard here "
                        "(\"\": off)"),
     "mlflowLogging": (TypeConverters.toBoolean,
-                      "log the fit to MLflow (needs sparkdl[mlflow]): Params, per-iteration loss "
+                      "log the fit to MLflow (needs sparkdl-torch[mlflow]): Params, per-iteration loss "
                       "and throughput, validation metrics, summary; into the active run, a child "
                       "run per fit under CrossValidator/TrainValidationSplit, else a new run"),
     "checkpointDir": (TypeConverters.toString,

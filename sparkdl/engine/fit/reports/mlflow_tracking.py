@@ -1,4 +1,4 @@
-"""MLflow tracking of a training run (driver side; optional: ``pip install 'sparkdl[mlflow]'``).
+"""MLflow tracking of a training run (driver side; optional: ``pip install 'sparkdl-torch[mlflow]'``).
 
 :meth:`sparkdl.DistriOptimizer.set_mlflow` (``mlflowLogging=True`` on the estimators) makes
 ``optimize`` log to an MLflow run: its settings as the run's parameters once; per iteration
@@ -75,7 +75,7 @@ def check_mlflow(owner: str) -> Any:
         import mlflow
     except ImportError as exc:
         raise InvalidArgumentError(
-            f"{owner} logs to MLflow, which is not installed: pip install 'sparkdl[mlflow]' "
+            f"{owner} logs to MLflow, which is not installed: pip install 'sparkdl-torch[mlflow]' "
             "(or mlflow).") from exc
     return mlflow
 
