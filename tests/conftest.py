@@ -27,6 +27,18 @@ if "TieredStopAtLevel" not in os.environ.get("JDK_JAVA_OPTIONS", ""):
         p for p in (os.environ.get("JDK_JAVA_OPTIONS", ""), LOCAL_JAVA_OPTIONS) if p)
 
 
+FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
+
+
+@pytest.fixture(scope="session")
+def fashion_mnist() -> str:
+    """Fashion-MNIST's directory (the Debian package the README's test command installs). A test
+    that needs it fails without it, never skips: CI must not pass on tests it did not run."""
+    if not os.path.isdir(FASHION_MNIST):
+        pytest.fail(f"Fashion-MNIST is not at {FASHION_MNIST}: apt-get install "
+                    "dataset-fashion-mnist (the README's test command does)")
+    return FASHION_MNIST
+
 def spark_builder(master: str):
     from pyspark.sql import SparkSession
 

@@ -11,7 +11,6 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FASHION = "/usr/share/datasets/fashion-mnist"
 
 
 def spark_submit(script, *args, timeout=900):
@@ -39,7 +38,7 @@ def test_examples_have_help(script):
     assert proc.returncode == 0 and "usage:" in proc.stdout
 
 
-@pytest.mark.skipif(not os.path.isdir(FASHION), reason="apt-get install dataset-fashion-mnist")
+@pytest.mark.usefixtures("fashion_mnist")
 def test_engine_example_under_spark_submit_with_checkpoints(tmp_path):
     args = ["--train-samples", "6000", "--epochs", "2", "--checkpoint-dir", str(tmp_path / "ck")]
     proc = spark_submit("lenet_fashion_mnist_engine.py", *args, "--min-accuracy", "0.6")
@@ -53,7 +52,7 @@ def test_engine_example_under_spark_submit_with_checkpoints(tmp_path):
         "summary-0000000024", "summary-0000000048"]
 
 
-@pytest.mark.skipif(not os.path.isdir(FASHION), reason="apt-get install dataset-fashion-mnist")
+@pytest.mark.usefixtures("fashion_mnist")
 def test_dataframe_lenet_example_reaches_its_target(tmp_path):
     """The example on all 60,000 images for 2 of its 8 epochs (CI's time): test accuracy >= 0.84
     (0.8628 on 2026-11-26; 3 epochs gave 0.8697 and 0.8592 in venvs built a day apart, the same

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import os
 
+import nbclient
+import nbformat
 import pytest
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FASHION = "/usr/share/datasets/fashion-mnist"
 NOTEBOOKS = ["quickstart_dataframe.ipynb", "quickstart_engine.ipynb"]
 
 
@@ -37,7 +36,7 @@ def output_kinds(nb) -> list[list[tuple]]:
             for c in nb.cells if c.cell_type == "code"]
 
 
-@pytest.mark.skipif(not os.path.isdir(FASHION), reason="apt-get install dataset-fashion-mnist")
+@pytest.mark.usefixtures("fashion_mnist")
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs_and_plots(name, tmp_path, monkeypatch):
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")

@@ -61,7 +61,6 @@ def test_progress_bar_argument_is_checked(sc):
 
 
 def test_tensorboard_summaries_hold_the_training_record(sc, tmp_path):
-    pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     opt = engine(sc, progress_bar=False).set_tensorboard(str(tmp_path))
