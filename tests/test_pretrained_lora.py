@@ -119,3 +119,36 @@ def test_lora_fit_equals_single_process_peft_with_the_base_off_the_driver(sc, ba
     # only the adapters (and the head modules_to_save copies) changed in the reference too
     changed = {n for n, p in after.items() if not torch.equal(p.detach(), ref_start[n])}
     assert changed == set(start)
+
+
+def test_nnclassifier_lora_fit_is_the_engine_fit_and_transform_reads_the_adapters(spark, bases):
+    """NNClassifier(model=PretrainedModel(...)) on columns of token ids: bitwise the engine's
+    fit on the same rows (one partition each), the driver's base on the meta device, and
+    transform's probabilities those of the single-process reference model."""
+    from sparkdl import NNClassifier
+
+    ids, mask, labels, _ = token_rows(36, seed=3)
+    rows = [(i.tolist(), m.tolist(), int(y)) for i, m, y in zip(ids, mask, labels)]
+    df = spark.createDataFrame(rows, ["input_ids", "attention_mask", "label"]).coalesce(1)
+    step = huggingface_step(("input_ids", "attention_mask"))
+    clf = NNClassifier(model=bert_model(bases["bert"]), trainingStep=step,
+                       inputCols=["input_ids", "attention_mask"], labelCol="label",
+                       optimizer="adamw", learningRate=0.01, batchSize=12, maxEpoch=1, seed=2,
+                       progressBar=False, numTrainWorkers=1)
+    fitted = clf.fit(df)
+    model = fitted.module
+    assert all(p.is_meta for p in model.parameters() if not p.requires_grad)
+    expected = single_process(bert_model(bases["bert"]), 2)
+    plan = BatchPlan([36], 12, 2, True)
+    reference(expected, [ids, mask], labels, step, plan, 3,
+              torch.optim.AdamW([p for p in expected.parameters() if p.requires_grad], lr=0.01,
+                                weight_decay=0.0))
+    after = dict(expected.named_parameters())
+    for name, value in trained_values(model).items():
+        assert float((value - after[name].detach()).abs().max()) <= TOL, name
+    got = np.stack(fitted.transform(df).select("probability").toPandas()["probability"]
+                   .map(lambda v: v.toArray()))
+    expected.eval()
+    with torch.no_grad():
+        logits = expected(torch.from_numpy(ids), torch.from_numpy(mask)).logits
+    assert np.abs(got - torch.softmax(logits, -1).numpy()).max() <= 1e-5
