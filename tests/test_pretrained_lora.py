@@ -152,3 +152,48 @@ def test_nnclassifier_lora_fit_is_the_engine_fit_and_transform_reads_the_adapter
     with torch.no_grad():
         logits = expected(torch.from_numpy(ids), torch.from_numpy(mask)).logits
     assert np.abs(got - torch.softmax(logits, -1).numpy()).max() <= 1e-5
+
+
+def _worker_loads(sc):
+    """(pid, bases loaded) of the Python workers a small job reaches."""
+    def loads(_):
+        import os
+
+        from sparkdl.adapters.pretrained import base_loads
+
+        yield os.getpid(), base_loads()
+
+    return dict(sc.parallelize(range(8), 8).mapPartitions(loads).collect())
+
+
+def test_a_pass_of_three_lora_ranks_loads_the_base_once_per_worker_and_is_bitwise_each_fit(
+        sc, bases):
+    from sparkdl import FitSet
+
+    ids, mask, _, lm_labels = token_rows(sum(SIZES), seed=5)
+    records = [((i, m), y) for i, m, y in zip(ids, mask, lm_labels)]
+    rdd = make_rdd(sc, records, SIZES).cache()
+    step = huggingface_step(("input_ids", "attention_mask"))
+    root = bases["llama"] + "-pass"
+    import shutil
+
+    shutil.copytree(bases["llama"], root)    # another file: a base by content no earlier
+    with open(f"{root}/README.md", "w") as note:     # test loaded in these workers
+        note.write("a copy\n")
+
+    def fit(r):
+        return DistriOptimizer(llama_model(root, r), rdd, optimizer=adamw, batch_size=BATCH,
+                               end_trigger=MaxIteration(3), seed=SEED, training_step=step)
+
+    before = _worker_loads(sc)
+    together = [fit(r) for r in (2, 4, 8)]
+    FitSet(together).run()
+    after = _worker_loads(sc)
+    new = {pid: n - before.get(pid, 0) for pid, n in after.items()}
+    assert max(new.values()) == 1 and all(n in (0, 1) for n in new.values()), new
+    for r, member in zip((2, 4, 8), together):
+        alone = fit(r)
+        alone.optimize()
+        a, b = trained_values(member.model), trained_values(alone.model)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), r
+    rdd.unpersist()
