@@ -197,3 +197,40 @@ def test_a_pass_of_three_lora_ranks_loads_the_base_once_per_worker_and_is_bitwis
         a, b = trained_values(member.model), trained_values(alone.model)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), r
     rdd.unpersist()
+
+
+def test_pretrained_model_refuses_what_it_cannot_build_before_any_job(bases):
+    with pytest.raises(InvalidArgumentError, match="init_lora_weights='pissa'"):
+        PretrainedModel(bases["llama"], "AutoModelForCausalLM",
+                        peft_config=LoraConfig(r=2, init_lora_weights="pissa"))
+    with pytest.raises(InvalidArgumentError, match="use_dora"):
+        PretrainedModel(bases["llama"], "AutoModelForCausalLM",
+                        peft_config=LoraConfig(r=2, use_dora=True))
+    with pytest.raises(InvalidArgumentError, match="device_map"):
+        PretrainedModel(bases["llama"], "AutoModelForCausalLM", device_map="auto")
+    with pytest.raises(InvalidArgumentError, match="no model class 'AutoModelForNothing'"):
+        PretrainedModel(bases["llama"], "AutoModelForNothing").driver_model()
+    with pytest.raises(InvalidArgumentError, match="no config.json"):
+        PretrainedModel(bases["llama"] + "/missing", "AutoModelForCausalLM").driver_model()
+    with pytest.raises(InvalidArgumentError, match="callable params"):
+        DistriOptimizer(llama_model(bases["llama"]), None,
+                        optimizer=torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1),
+                        batch_size=4)
+
+
+def test_base_identity_follows_content_not_path(bases, tmp_path):
+    import shutil
+
+    from sparkdl.storage.pretrained_files import base_identity
+
+    copy_dir = tmp_path / "copy"
+    shutil.copytree(bases["bert"], copy_dir)
+    assert base_identity(str(copy_dir)) == base_identity(bases["bert"])
+    assert base_identity(f"file://{copy_dir}") == base_identity(bases["bert"])
+    from transformers import BertForSequenceClassification
+
+    changed = BertForSequenceClassification.from_pretrained(str(copy_dir))
+    with torch.no_grad():
+        changed.classifier.bias.add_(1e-3)       # a small tensor: read whole
+    changed.save_pretrained(copy_dir)
+    assert base_identity(str(copy_dir)) != base_identity(bases["bert"])
