@@ -1,5 +1,7 @@
 """Training steps for models that compute their own loss: Hugging Face ``transformers`` models
-(:mod:`sparkdl.adapters.huggingface`) and Lightning modules (:mod:`sparkdl.adapters.lightning`).
+(:mod:`sparkdl.adapters.huggingface`) and Lightning modules (:mod:`sparkdl.adapters.lightning`);
+pretrained Hugging Face models given by where they are stored, LoRA included
+(:class:`PretrainedModel`, :mod:`sparkdl.adapters.pretrained`).
 
 Each adapter turns the model's own training code into a ``training_step``
 (:mod:`sparkdl.training_step`) for :class:`sparkdl.DistriOptimizer` or the estimators'
@@ -16,6 +18,7 @@ Example::
 
 from .huggingface import HuggingFaceStep, huggingface_step
 from .lightning import LightningStep, lightning_arguments, lightning_step
+from .pretrained import PretrainedModel
 
 __all__ = ["HuggingFaceStep", "huggingface_step", "LightningStep", "lightning_step",
-           "lightning_arguments"]
+           "lightning_arguments", "PretrainedModel"]

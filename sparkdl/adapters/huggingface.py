@@ -64,8 +64,9 @@ class HuggingFaceStep:
         if target.is_floating_point():
             return loss
         shift = self.shift_labels
-        if shift is None:
-            shift = type(model).__name__.endswith(_SHIFTING_HEADS)
+        if shift is None:     # a peft model shifts as the model it wraps
+            base = getattr(model, "get_base_model", None)
+            shift = type(base() if callable(base) else model).__name__.endswith(_SHIFTING_HEADS)
         counted = target[..., 1:] if shift else target
         normaliser = (counted != self.ignore_index).sum()
         return loss * normaliser, normaliser

@@ -59,6 +59,11 @@ class DistriOptimizer:
 
     Args:
         model: the ``nn.Module`` to train; it is trained in place and returned by :meth:`optimize`.
+            Or a :class:`sparkdl.adapters.PretrainedModel`: a Hugging Face model by where it is
+            stored, its base loaded by the executors (the driver holds the trainable
+            parameters; :meth:`optimize` returns the ``peft`` model); ``optimizer`` is then a
+            callable ``params -> Optimizer`` and ``lr_scheduler`` may be one
+            ``optimizer -> scheduler``.
         training_rdd: RDD of ``(features, label)``; features a numpy array (or a tuple of arrays
             for a multi-input model), label a scalar or an array. Floating values are stored in
             the model's parameter dtype, integers as int64. A

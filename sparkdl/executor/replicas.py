@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,15 @@ class ReplicaSpec:
     training_step: Any = None       # sparkdl.training_step: replaces criterion(model(*inputs))
     validation_step: Any = None     # replaces model(*inputs) in validation
     input_names: tuple[str, ...] = ()   # the features' columns (estimators), for id errors
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # a pretrained model's driver copy ships as its description and trainable tensors;
+        # the executor that unpickles it loads the base itself (sparkdl.adapters.pretrained)
+        from ..adapters.pretrained import shipped_model
+
+        values = [getattr(self, f.name) for f in dataclasses.fields(self)]
+        values[0] = shipped_model(self.model)
+        return type(self), tuple(values)
 
 
 def training_modes(model: nn.Module) -> list[bool]:

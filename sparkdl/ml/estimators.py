@@ -31,6 +31,7 @@ from pyspark.ml.util import MLReadable, MLWritable
 from pyspark.sql import DataFrame
 from torch import nn
 
+from ..adapters.pretrained import PretrainedModel, pretrained_origin, trainable_parameters
 from ..data.dataframe_arrays import (check_label_column, check_weight_column, feature_sources,
                                      frame_blocks, input_expressions, numpy_float_dtype)
 from ..engine.distri_optimizer import DistriOptimizer
@@ -95,7 +96,8 @@ def _optimizer(stage: Any, model: nn.Module) -> torch.optim.Optimizer:
     Params would be silently ignored."""
     get = stage.getOrDefault
     factory = stage.optimizer_factory
-    params = model.parameters()
+    params = (model.parameters() if pretrained_origin(model) is None   # a pretrained base:
+              else [p for _, p in trainable_parameters(model)])       # what trains
     if factory is None:
         return _torch_optimizer(get("optimizer"), params, get("learningRate"), get("momentum"),
                                 get("weightDecay"))
@@ -161,7 +163,8 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
                      initial_model: Any = None, collate: Any = None, training_step: Any = None,
                      validation_step: Any = None) -> None:
         owner = type(self).__name__
-        if model is not None and not isinstance(model, nn.Module) and not callable(model):
+        if model is not None and not isinstance(model, (nn.Module, PretrainedModel)) \
+                and not callable(model):
             raise InvalidArgumentError(f"The 'model' argument of {owner} must be a "
                                        "torch.nn.Module or a zero-argument factory returning one. "
                                        f"Got {type(model).__name__} instead.")
@@ -216,6 +219,8 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
         spec = self.model_spec
         if spec is None:
             raise InvalidArgumentError(f"{type(self).__name__} has no model: pass model=...")
+        if isinstance(spec, PretrainedModel):   # the base stays off the driver
+            return spec.driver_model(self.getOrDefault("seed"))
         model = copy.deepcopy(spec) if isinstance(spec, nn.Module) else spec()
         if not isinstance(model, nn.Module):
             raise InvalidArgumentError(f"The 'model' factory of {type(self).__name__} must "
@@ -457,7 +462,10 @@ def _input_sources(stage: Any, dataset: DataFrame) -> list[Any]:
 
 
 def _output_size(model: nn.Module, engine: DistriOptimizer) -> int:
-    """Values per row of the model's output, from a few training samples."""
+    """Values per row of the model's output, from a few training samples (a pretrained
+    classifier's base is not on the driver: its config's ``num_labels``)."""
+    if pretrained_origin(model) is not None:
+        return int(model.config.num_labels)
     was_training = model.training
     model.eval()
     dtype = engine.layout.param_dtype
@@ -615,7 +623,9 @@ class NNEstimator(_NNEstimatorBase, NNParams):
     """Train a PyTorch model on a DataFrame with sparkdl's engine (regression or any loss).
 
     Args:
-        model: an ``nn.Module`` (copied, never mutated) or a zero-argument factory.
+        model: an ``nn.Module`` (copied, never mutated) or a zero-argument factory; or a
+            :class:`sparkdl.adapters.PretrainedModel` (the executors load its base; the driver
+            builds its adapters with the ``seed`` Param).
         criterion: the loss, e.g. ``torch.nn.MSELoss()``.
         preprocess: optional function applied to each batch of features (numpy) on the executors.
         optimizerFactory: optional ``params -> torch.optim.Optimizer``, used instead of

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from ..adapters.pretrained import shipped_model
 from ..data.dataframe_arrays import FeatureSource, arrow_inputs, numpy_float_dtype
 from ..data.input_record import check_widths
 from ..data.ragged import Ragged, model_arguments
@@ -108,7 +109,8 @@ def predict_column(model: torch.nn.Module, sources: Sequence[FeatureSource],
     """
     from pyspark import cloudpickle
 
-    pickled = cloudpickle.dumps(model)
+    # a pretrained model ships as its description and trained tensors: the tasks load the base
+    pickled = cloudpickle.dumps(shipped_model(model))
     key = hashlib.sha1(pickled).hexdigest()
     payload = Exchange(exchange_dir, f"model-{key}").ship(pickled, "model", unique=False)
     shape = list(feature_shape)

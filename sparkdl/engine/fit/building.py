@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from torch import nn
 
+from ...adapters.pretrained import PretrainedModel, trainable_parameters
 from ...argument_checks import (argument_error, check_choice, check_int, check_positive_int,
                                  check_type)
 from ...errors import CheckpointError, InvalidArgumentError
@@ -37,7 +38,7 @@ from .validation import Validation
 from .checks.arguments import (check_criterion, check_lr_scheduler, check_optimizer, check_steps,
                         check_training_data)
 
-__all__ = ["fit_from_arguments", "validation_setup", "checkpoint_setup", "clipping_setup",
+__all__ = ["fit_from_arguments", "pretrained_arguments", "validation_setup", "checkpoint_setup", "clipping_setup",
            "fit_name", "tensorboard_setup", "mlflow_setup"]
 
 
@@ -58,6 +59,7 @@ def fit_from_arguments(model: nn.Module, training_rdd: Any, criterion: Any = Non
                        sync_warmup: int = 0) -> Fit:
     """A :class:`Fit` of :class:`sparkdl.DistriOptimizer`'s arguments, each checked (its
     docstring says what each must be)."""
+    model, optimizer, lr_scheduler = pretrained_arguments(model, optimizer, lr_scheduler, seed)
     model = check_type("model", OWNER, model, nn.Module, "a torch.nn.Module")
     training_step, validation_step = check_steps(
         OWNER, criterion, training_step, validation_step, sample_weights)
@@ -98,7 +100,8 @@ def fit_from_arguments(model: nn.Module, training_rdd: Any, criterion: Any = Non
             f"per-sample values are weighted); got {type(criterion).__name__}"
             + (f" with reduction={criterion.reduction!r}"
                if hasattr(criterion, "reduction") else "") + ".")
-    devices = sorted({str(t.device) for t in list(model.parameters()) + list(model.buffers())})
+    devices = sorted({str(t.device) for t in list(model.parameters()) + list(model.buffers())
+                      if not (t.is_meta and not t.requires_grad)})   # a base off the driver
     if devices and devices != ["cpu"]:
         raise InvalidArgumentError(
             f"The 'model' argument of {OWNER} must be on the CPU (it is on {devices}): the "
@@ -151,6 +154,26 @@ def fit_from_arguments(model: nn.Module, training_rdd: Any, criterion: Any = Non
             "outer_optimizer (synchronous SGD throughout); set local_steps > 1 for post-local "
             "SGD, or leave sync_warmup at 0.")
     return fit
+
+
+def pretrained_arguments(model: Any, optimizer: Any, lr_scheduler: Any, seed: Any
+                         ) -> tuple[Any, Any, Any]:
+    """A :class:`~sparkdl.adapters.PretrainedModel` built as the driver holds it (with
+    ``seed``), its ``optimizer`` callable called on the trainable parameters, and an
+    ``lr_scheduler`` callable on that optimizer; other arguments as they are."""
+    if not isinstance(model, PretrainedModel):
+        return model, optimizer, lr_scheduler
+    model = model.driver_model(check_int("seed", OWNER, seed))
+    if callable(optimizer) and not hasattr(optimizer, "step"):
+        optimizer = optimizer([p for _, p in trainable_parameters(model)])
+    elif optimizer is not None:
+        raise argument_error("optimizer", OWNER, "with a PretrainedModel, a callable params -> "
+                             "torch.optim.Optimizer (the trainable parameters exist once the "
+                             "model is built), e.g. lambda p: torch.optim.AdamW(p, lr=1e-4)",
+                             optimizer)
+    if callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
+        lr_scheduler = lr_scheduler(optimizer)
+    return model, optimizer, lr_scheduler
 
 
 def validation_setup(rdd: Any, trigger: Trigger, metrics: Any, batch_size: int) -> Validation:

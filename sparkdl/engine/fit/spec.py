@@ -130,6 +130,8 @@ class Fit:
         """Why sub-replicas cannot train this model exactly (None: they can), tried on the
         training rows the dry run used."""
         assert self.data_spec is not None
+        if any(p.is_meta for p in self.model.parameters()):
+            return "its pretrained base is not on the driver, where the check runs"
         inputs, target = sample_batch(self.data_spec, self.layout.param_dtype,
                                       self.model_arguments)
         return concurrency_hazard(self.model, self.criterion, self.training_step, inputs, target)

@@ -174,7 +174,10 @@ def dry_run(model: nn.Module, criterion: Any, spec: DataSpec, what: str,
     ``"logits"``), as the estimators' ``transform`` reads them. Embedding ids out of their
     table's range raise :class:`TrainingDataError` (:mod:`sparkdl.executor.id_checks`), naming
     the input (``names``: the features' columns; none under a ``collate``, the run's) and the
-    record."""
+    record. A model whose frozen weights are on the meta device (a pretrained base the driver
+    does not hold) is not run here: its tasks' first step reports what does not fit."""
+    if any(p.is_meta for p in model.parameters()):
+        return
     probe = copy.deepcopy(model)
     inputs, target = sample_batch(spec, dtype, arguments)
     # sample weights, the last feature, are no model argument: the names before them hold

@@ -22,7 +22,10 @@ result differs. So objects are hashed by their content, never by ``id()``, ``has
   classes (and editable or unowned installs) also by their methods' code and class-level
   constants;
 * ``nn.Module``: its class, attributes, hooks, parameters and buffers, submodules; a TorchScript
-  module by its code and state; a ``torch.compile``'d one by the module it compiles;
+  module by its code and state; a ``torch.compile``'d one by the module it compiles; a
+  pretrained model's driver copy (:class:`sparkdl.adapters.PretrainedModel`) by its base's
+  files' content identity (:func:`sparkdl.storage.pretrained_files.base_identity`), its
+  settings and seed, and its trainable parameters;
 * torch optimizers, wherever they are reached from (a scheduler holds its optimizer): their
   class only (the fit identity hashes the optimizer's settings and state itself);
 * loggers by their name (where a step logs does not change what it computes); paths by their
@@ -66,6 +69,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ....adapters.pretrained import pretrained_origin, trainable_parameters
 from ....errors import UnidentifiableError
 from .code_reads import attribute_reads, global_generator_method
 from .installed_code import library_version
@@ -287,6 +291,12 @@ class _Walker:
             self.walk(identity(value), f"{path}.__sparkdl_identity__()")
             return
         if isinstance(value, torch.nn.Module):
+            origin = pretrained_origin(value)
+            if origin is not None:     # its base by the files' content, never read whole
+                self.put("pretrained", str(origin[1]))
+                self.walk(origin[0], f"{path} (pretrained)")
+                self.walk(dict(trainable_parameters(value)), f"{path} trainable")
+                return
             self._module(value, path)
             return
         if isinstance(value, pathlib.PurePath):  # not its cached hash (PYTHONHASHSEED)

@@ -1,0 +1,236 @@
+"""Pretrained Hugging Face models given by where they are stored, fine-tuned with LoRA: the base
+loaded by the executors, only the adapters on the wire, each fit exactly the single-process
+transformers + peft reference on the same union batches."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from models import make_rdd
+from sparkdl import BatchPlan, DistriOptimizer, InvalidArgumentError
+from sparkdl.adapters import PretrainedModel, huggingface_step
+from sparkdl.adapters.pretrained import shipped_model, trainable_parameters
+from sparkdl.triggers import MaxIteration
+from test_training_step import reference
+
+import peft  # noqa: E402  (in the test install)
+from peft import LoraConfig  # noqa: E402
+
+SIZES, BATCH, SEED, ITERATIONS, VOCAB, LENGTH = [30, 14, 22], 12, 4, 4, 40, 8
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory):
+    """A tiny BERT-like sequence classifier and a tiny Llama-like causal LM, each saved with
+    save_pretrained (nothing downloaded)."""
+    from transformers import (BertConfig, BertForSequenceClassification, LlamaConfig,
+                              LlamaForCausalLM)
+
+    root = tmp_path_factory.mktemp("pretrained")
+    torch.manual_seed(0)
+    BertForSequenceClassification(BertConfig(
+        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=24, max_position_embeddings=16, num_labels=3,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).save_pretrained(root / "bert")
+    LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, intermediate_size=24, max_position_embeddings=16,
+        tie_word_embeddings=False)).save_pretrained(root / "llama")
+    return {"bert": str(root / "bert"), "llama": str(root / "llama")}
+
+
+def bert_model(path, r=4):
+    return PretrainedModel(path, "AutoModelForSequenceClassification", peft_config=LoraConfig(
+        r=r, lora_alpha=8, target_modules=["query", "value"], modules_to_save=["classifier"]))
+
+
+def llama_model(path, r=4):
+    return PretrainedModel(path, "AutoModelForCausalLM", peft_config=LoraConfig(
+        r=r, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+
+
+def token_rows(n, seed=0):
+    """Right-padded token ids, their masks, a class label (from the first token) and causal LM
+    labels (-100 on the padding)."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1, VOCAB, (n, LENGTH))
+    lengths = rng.integers(2, LENGTH + 1, n)
+    mask = (np.arange(LENGTH)[None, :] < lengths[:, None]).astype(np.int64)
+    ids = (ids * mask).astype(np.int64)
+    lm_labels = np.where(mask == 1, ids, -100).astype(np.int64)
+    return ids, mask, (ids[:, 0] % 3).astype(np.int64), lm_labels
+
+
+def single_process(pretrained, seed):
+    """What a peft user writes: from_pretrained, torch.manual_seed(seed), get_peft_model."""
+    cls = pretrained.model_class()
+    base = cls.from_pretrained(pretrained.path)
+    torch.manual_seed(seed)
+    return peft.get_peft_model(base, copy.deepcopy(pretrained.peft_config))
+
+
+def adamw(params):
+    return torch.optim.AdamW(params, lr=1e-2)
+
+
+def trained_values(model):
+    return {n: p.detach().clone() for n, p in trainable_parameters(model)}
+
+
+@pytest.mark.parametrize("kind", ["bert", "llama"])
+def test_lora_fit_equals_single_process_peft_with_the_base_off_the_driver(sc, bases, kind):
+    ids, mask, labels, lm_labels = token_rows(sum(SIZES))
+    target = labels if kind == "bert" else lm_labels
+    pretrained = (bert_model if kind == "bert" else llama_model)(bases[kind])
+    step = huggingface_step(("input_ids", "attention_mask"))
+    records = [((i, m), y) for i, m, y in zip(ids, mask, target)]
+    opt = DistriOptimizer(pretrained, make_rdd(sc, records, SIZES), optimizer=adamw,
+                          batch_size=BATCH, end_trigger=MaxIteration(ITERATIONS), seed=SEED,
+                          training_step=step)
+    driver = opt.model
+    start = trained_values(driver)
+    frozen = [n for n, p in driver.named_parameters() if not p.requires_grad]
+    assert frozen and all(p.is_meta for n, p in driver.named_parameters() if n in frozen)
+    # the adapters the driver made are bitwise those an executor makes with the fit's seed
+    executor = pretrained.executor_model(SEED)
+    assert all(torch.equal(v, dict(executor.named_parameters())[n]) for n, v in start.items())
+    # what ships: the trainable tensors and the description, never the base
+    from pyspark import cloudpickle
+
+    trainable_bytes = sum(p.numel() * p.element_size() for p in start.values())
+    base_bytes = sum(p.numel() * p.element_size() for p in executor.parameters())
+    assert len(cloudpickle.dumps(shipped_model(driver))) < trainable_bytes + 16_384 < base_bytes
+    assert opt.fit.layout.size == sum(p.numel() for p in start.values())
+    trained = opt.optimize()
+    assert trained is driver and type(trained).__name__.startswith("PeftModel")
+    expected = single_process(pretrained, SEED)
+    plan = BatchPlan(SIZES, BATCH, SEED, True)
+    ref_start = {n: p.detach().clone() for n, p in expected.named_parameters()}
+    reference(expected, [ids, mask], target, step, plan, ITERATIONS,
+              adamw([p for p in expected.parameters() if p.requires_grad]))
+    after = dict(expected.named_parameters())
+    for name, value in trained_values(trained).items():
+        assert float((value - after[name].detach()).abs().max()) <= TOL, name
+    # only the adapters (and the head modules_to_save copies) changed in the reference too
+    changed = {n for n, p in after.items() if not torch.equal(p.detach(), ref_start[n])}
+    assert changed == set(start)
+
+
+def test_nnclassifier_lora_fit_is_the_engine_fit_and_transform_reads_the_adapters(spark, bases):
+    """NNClassifier(model=PretrainedModel(...)) on columns of token ids: bitwise the engine's
+    fit on the same rows (one partition each), the driver's base on the meta device, and
+    transform's probabilities those of the single-process reference model."""
+    from sparkdl import NNClassifier
+
+    ids, mask, labels, _ = token_rows(36, seed=3)
+    rows = [(i.tolist(), m.tolist(), int(y)) for i, m, y in zip(ids, mask, labels)]
+    df = spark.createDataFrame(rows, ["input_ids", "attention_mask", "label"]).coalesce(1)
+    step = huggingface_step(("input_ids", "attention_mask"))
+    clf = NNClassifier(model=bert_model(bases["bert"]), trainingStep=step,
+                       inputCols=["input_ids", "attention_mask"], labelCol="label",
+                       optimizer="adamw", learningRate=0.01, batchSize=12, maxEpoch=1, seed=2,
+                       progressBar=False, numTrainWorkers=1)
+    fitted = clf.fit(df)
+    model = fitted.module
+    assert all(p.is_meta for p in model.parameters() if not p.requires_grad)
+    expected = single_process(bert_model(bases["bert"]), 2)
+    plan = BatchPlan([36], 12, 2, True)
+    reference(expected, [ids, mask], labels, step, plan, 3,
+              torch.optim.AdamW([p for p in expected.parameters() if p.requires_grad], lr=0.01,
+                                weight_decay=0.0))
+    after = dict(expected.named_parameters())
+    for name, value in trained_values(model).items():
+        assert float((value - after[name].detach()).abs().max()) <= TOL, name
+    got = np.stack(fitted.transform(df).select("probability").toPandas()["probability"]
+                   .map(lambda v: v.toArray()))
+    expected.eval()
+    with torch.no_grad():
+        logits = expected(torch.from_numpy(ids), torch.from_numpy(mask)).logits
+    assert np.abs(got - torch.softmax(logits, -1).numpy()).max() <= 1e-5
+
+
+def _worker_loads(sc):
+    """(pid, bases loaded) of the Python workers a small job reaches."""
+    def loads(_):
+        import os
+
+        from sparkdl.adapters.pretrained import base_loads
+
+        yield os.getpid(), base_loads()
+
+    return dict(sc.parallelize(range(8), 8).mapPartitions(loads).collect())
+
+
+def test_a_pass_of_three_lora_ranks_loads_the_base_once_per_worker_and_is_bitwise_each_fit(
+        sc, bases):
+    from sparkdl import FitSet
+
+    ids, mask, _, lm_labels = token_rows(sum(SIZES), seed=5)
+    records = [((i, m), y) for i, m, y in zip(ids, mask, lm_labels)]
+    rdd = make_rdd(sc, records, SIZES).cache()
+    step = huggingface_step(("input_ids", "attention_mask"))
+    root = bases["llama"] + "-pass"
+    import shutil
+
+    shutil.copytree(bases["llama"], root)    # another file: a base by content no earlier
+    with open(f"{root}/README.md", "w") as note:     # test loaded in these workers
+        note.write("a copy\n")
+
+    def fit(r):
+        return DistriOptimizer(llama_model(root, r), rdd, optimizer=adamw, batch_size=BATCH,
+                               end_trigger=MaxIteration(3), seed=SEED, training_step=step)
+
+    before = _worker_loads(sc)
+    together = [fit(r) for r in (2, 4, 8)]
+    FitSet(together).run()
+    after = _worker_loads(sc)
+    new = {pid: n - before.get(pid, 0) for pid, n in after.items()}
+    assert max(new.values()) == 1 and all(n in (0, 1) for n in new.values()), new
+    for r, member in zip((2, 4, 8), together):
+        alone = fit(r)
+        alone.optimize()
+        a, b = trained_values(member.model), trained_values(alone.model)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), r
+    rdd.unpersist()
+
+
+def test_pretrained_model_refuses_what_it_cannot_build_before_any_job(bases):
+    with pytest.raises(InvalidArgumentError, match="init_lora_weights='pissa'"):
+        PretrainedModel(bases["llama"], "AutoModelForCausalLM",
+                        peft_config=LoraConfig(r=2, init_lora_weights="pissa"))
+    with pytest.raises(InvalidArgumentError, match="use_dora"):
+        PretrainedModel(bases["llama"], "AutoModelForCausalLM",
+                        peft_config=LoraConfig(r=2, use_dora=True))
+    with pytest.raises(InvalidArgumentError, match="device_map"):
+        PretrainedModel(bases["llama"], "AutoModelForCausalLM", device_map="auto")
+    with pytest.raises(InvalidArgumentError, match="no model class 'AutoModelForNothing'"):
+        PretrainedModel(bases["llama"], "AutoModelForNothing").driver_model()
+    with pytest.raises(InvalidArgumentError, match="no config.json"):
+        PretrainedModel(bases["llama"] + "/missing", "AutoModelForCausalLM").driver_model()
+    with pytest.raises(InvalidArgumentError, match="callable params"):
+        DistriOptimizer(llama_model(bases["llama"]), None,
+                        optimizer=torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1),
+                        batch_size=4)
+
+
+def test_base_identity_follows_content_not_path(bases, tmp_path):
+    import shutil
+
+    from sparkdl.storage.pretrained_files import base_identity
+
+    copy_dir = tmp_path / "copy"
+    shutil.copytree(bases["bert"], copy_dir)
+    assert base_identity(str(copy_dir)) == base_identity(bases["bert"])
+    assert base_identity(f"file://{copy_dir}") == base_identity(bases["bert"])
+    from transformers import BertForSequenceClassification
+
+    changed = BertForSequenceClassification.from_pretrained(str(copy_dir))
+    with torch.no_grad():
+        changed.classifier.bias.add_(1e-3)       # a small tensor: read whole
+    changed.save_pretrained(copy_dir)
+    assert base_identity(str(copy_dir)) != base_identity(bases["bert"])
