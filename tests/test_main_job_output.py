@@ -28,6 +28,18 @@ ALLOWED_WARNINGS = (
 )
 """Lines at WARN or above that the job may print, and why each is no problem."""
 
+SHUTDOWN_TRACEBACK = re.compile(
+    r'Traceback \(most recent call last\):\n'
+    r'  File "[^"\n]*pyspark/daemon\.py", line \d+, in manager\n'
+    r'  File "[^"\n]*pyspark/daemon\.py", line \d+, in worker\n'
+    r'BrokenPipeError: \[Errno 32\] Broken pipe\n?')
+"""What pyspark 4.x's daemon may print as the context stops, after the job's last line: Spark
+closes its idle Python workers' sockets before it ends their daemon, a worker that reads the
+end of its input then writes the error and fails to flush it, and the daemon (its
+``spark.python.daemon.killWorkerOnFlushFailure``, on by default) prints that traceback. It
+happens on some runs only, in no task, and no setting silences it: the test accepts it after
+the result line, nowhere else."""
+
 ITERATIONS = 40        # 2,560 training images in global batches of 64: one epoch
 
 
@@ -52,6 +64,9 @@ def test_main_job_without_a_terminal_prints_progress_the_result_and_no_problem()
     proc = run_main_job()
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:]
+    result_at = out.rfind("test accuracy: ")
+    assert result_at >= 0, out[-3000:]
+    out = out[:result_at] + SHUTDOWN_TRACEBACK.sub("", out[result_at:])
     lines = out.splitlines()
 
     # progress: one line at every tenth of the epoch, not one per iteration
