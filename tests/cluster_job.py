@@ -86,6 +86,23 @@ def warm_executors(sc, count: int, timeout: float = 120) -> None:
     raise RuntimeError(f"the warm-up ran on {len(dirs)} of {count} executors: {sorted(dirs)}")
 
 
+def task_result_sizes(sc):
+    """The ``resultSize`` metric (bytes of the serialized result a task sent the driver) of
+    every task of every job so far, from the application's status store."""
+    store, tracker = sc._jsc.sc().statusStore(), sc.statusTracker()
+    sizes = []
+    for job in tracker.getJobIdsForGroup(None):
+        info = tracker.getJobInfo(job)
+        for stage in (info.stageIds if info is not None else ()):
+            for attempt in range(4):
+                tasks = store.taskList(int(stage), attempt, 1 << 30)
+                for k in range(tasks.size()):
+                    metrics = tasks.apply(k).taskMetrics()
+                    if metrics.isDefined():
+                        sizes.append(int(metrics.get().resultSize()))
+    return sizes
+
+
 def files_containing(dirs, patterns):
     """Files under ``dirs`` that contain any of the byte strings ``patterns``, and how many
     files were read."""
@@ -125,12 +142,13 @@ class ChangingPartition:
 
 def train(sc, iterations=ITERATIONS, criterion=None, checkpoint=None, allreduce="auto",
           validation=False, sizes=SIZES, during=None, tables=False, changing=None,
-          local_steps=1, outer=None):
+          local_steps=1, outer=None, hidden=8):
     """``during``: called once with no argument after the third iteration (a scan of the
     executors' disks, for instance). ``tables``: a TablesNet (sparse embedding tables under
     SparseAdam, the head under Adam) on id pairs, without a scheduler. ``changing``:
     ``(partition, marker)``, that partition changes after its first computation.
-    ``local_steps``, ``outer``: local rounds (DistriOptimizer's local_steps, outer_optimizer)."""
+    ``local_steps``, ``outer``: local rounds (DistriOptimizer's local_steps, outer_optimizer).
+    ``hidden``: SmallNet's hidden width (500_000: a 20 MB model)."""
     from sparkdl import DistriOptimizer
     from sparkdl.triggers import MaxIteration, SeveralIteration, Trigger
 
@@ -145,7 +163,7 @@ def train(sc, iterations=ITERATIONS, criterion=None, checkpoint=None, allreduce=
 
     x, y = (id_pairs_data if tables else classification_data)(sum(sizes), seed=1)
     torch.manual_seed(7)
-    net = TablesNet() if tables else SmallNet()
+    net = TablesNet() if tables else SmallNet(hidden=hidden)
     optimizer = tables_optimizer(net) if tables else torch.optim.Adam(net.parameters(), lr=0.01)
     rdd = make_rdd(sc, list(zip(x, y)), sizes)
     if changing is not None:
@@ -210,6 +228,9 @@ def main() -> None:
                    "iterations")
     p.add_argument("--outer", help="the local rounds' outer optimizer")
     p.add_argument("--checkpoint")
+    p.add_argument("--hidden", type=int, default=8, help="SmallNet's hidden width")
+    p.add_argument("--result-sizes", action="store_true", help="print the largest task "
+                   "result and the task results' bytes per iteration (Spark's resultSize)")
     p.add_argument("--iterations", type=int, default=ITERATIONS)
     p.add_argument("--sizes", default=",".join(map(str, SIZES)),
                    help="samples per partition, comma separated")
@@ -278,7 +299,8 @@ def main() -> None:
     trained, opt = train(sc, args.iterations, criterion, args.checkpoint, args.allreduce,
                          args.validation, sizes, scan, args.tables,
                          None if args.changing_partition is None else
-                         (args.changing_partition, args.marker), args.local_steps, args.outer)
+                         (args.changing_partition, args.marker), args.local_steps, args.outer,
+                         args.hidden)
     print(f"train_seconds={time.perf_counter() - started:.2f}")
     if args.secure:  # inference too: an Arrow UDF over a DataFrame on the secured cluster
         from sparkdl import NNClassifierModel
@@ -294,6 +316,10 @@ def main() -> None:
         # CI: a 13 s run of rounds): the cluster is whole again when the replacement has joined.
         executors = wait_for_executors(sc, int(args.master.split("[")[1].split(",")[0]))
     torch.save(trained.state_dict(), args.out)
+    if args.result_sizes:
+        results = task_result_sizes(sc)
+        print(f"max_task_result_bytes={max(results)}")
+        print(f"result_bytes_per_iteration={sum(results) // max(1, args.iterations)}")
     print(f"executors={executors}")
     print(f"iterations={len(opt.summary.iterations)}")
     print(f"validations={[v.metrics for v in opt.summary.validations]}")

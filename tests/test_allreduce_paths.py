@@ -150,12 +150,18 @@ def _vectors(n, size=1001):
     return [rng.normal(size=size).astype(np.float32) * 10 ** (i % 3) for i in range(n)]
 
 
-@pytest.mark.parametrize("kind", ["shuffle", "driver"])
-def test_after_a_miss_only_the_missing_vector_and_the_reduce_are_computed_again(sc, kind):
-    """A task that found no shard: complete() adds the filled vector without running any other
-    task's map side again (the shuffle path reruns only its reduce stage over the shuffle files
-    Spark holds), and the sum is bitwise the undisturbed one (partition order)."""
-    from sparkdl.transport.allreduce import DriverAllReduce, ShuffleAllReduce
+def _expected_sum(vectors):
+    expected = vectors[0].copy()
+    for v in vectors[1:]:
+        expected += v
+    return expected
+
+
+def test_after_a_miss_only_the_missing_vector_and_the_driver_sum_are_computed_again(sc):
+    """A task that found no shard on the driver path: complete() adds the filled vector without
+    running any other task again, and the sum is bitwise the undisturbed one (partition
+    order)."""
+    from sparkdl.transport.allreduce import DriverAllReduce
 
     n, missing = 5, 2
     vectors = _vectors(n)
@@ -167,20 +173,58 @@ def test_after_a_miss_only_the_missing_vector_and_the_reduce_are_computed_again(
             return None, _Report(partition, True)
         return vectors[partition], _Report(partition, False)
 
-    allreduce = (ShuffleAllReduce(vectors[0].size, np.float32, 3) if kind == "shuffle"
-                 else DriverAllReduce(vectors[0].size, np.float32))
+    allreduce = DriverAllReduce(vectors[0].size, np.float32)
     index = sc.parallelize(range(n), n)
     first = allreduce.run(index, local_fn)
     assert first.missing_partitions == [missing] and computed.value == n
     result = allreduce.complete(first, {missing: (vectors[missing], _Report(missing, False))})
     assert computed.value == n                  # no map task ran again
-    expected = vectors[0].copy()
-    for v in vectors[1:]:
-        expected += v
     assert result.missing_partitions == [] and [r.partition for r in result.reports] == \
         list(range(n))
-    assert np.array_equal(result.vector, expected)
-    # the undisturbed job gives the same bits
+    assert np.array_equal(result.vector, _expected_sum(vectors))
+    undisturbed = allreduce.run(index, lambda p, _: (vectors[p], _Report(p, False)))
+    assert np.array_equal(undisturbed.vector, result.vector)
+
+
+@pytest.mark.parametrize("missing", [[2], [0, 4]])
+def test_after_a_miss_the_filled_vector_goes_through_the_shuffle_blocks(sc, missing):
+    """A task that found no shard on the shuffle path: each fill is a map task of a shuffle of
+    its own, emitting its vector as the run's tasks do, and complete() reruns only the reduce
+    stage over the run's shuffle and every fill's (no other map task runs again; one fill job
+    per missing partition here, so the second completion reads three shuffles). The sum is
+    bitwise the undisturbed one, each filled partition's report replaces its miss, and the
+    fill's shard summaries come back beside the reports."""
+    from sparkdl.transport.allreduce import ShuffleAllReduce
+    from sparkdl.transport.python_jobs import PythonJobs
+
+    n = 5
+    vectors = _vectors(n)
+    computed = sc.accumulator(0)
+
+    def local_fn(partition, _):
+        computed.add(1)
+        if partition in missing:
+            return None, _Report(partition, True)
+        return vectors[partition], _Report(partition, False)
+
+    allreduce = ShuffleAllReduce(vectors[0].size, np.float32, 3)
+    index = sc.parallelize(range(n), n)
+    result = allreduce.run(index, local_fn)
+    assert result.missing_partitions == missing and computed.value == n
+    jobs, side = PythonJobs.of(sc), allreduce.fill_side()
+
+    def fill(_, records):
+        p = next(iter(records))
+        return side.emit(p, vectors[p], _Report(p, False), f"shard {p}")
+
+    for k, p in enumerate(missing):
+        fills = jobs.map_partitions(jobs.rdd(sc.parallelize([p], 1)), fill)
+        result, summaries = allreduce.complete(result, fills)
+        assert summaries == {q: f"shard {q}" for q in missing[:k + 1]}
+        assert result.missing_partitions == missing[k + 1:]
+    assert computed.value == n                  # no map task of the run ran again
+    assert [r.partition for r in result.reports] == list(range(n))
+    assert np.array_equal(result.vector, _expected_sum(vectors))
     undisturbed = allreduce.run(index, lambda p, _: (vectors[p], _Report(p, False)))
     assert np.array_equal(undisturbed.vector, result.vector)
     allreduce.settle()

@@ -21,14 +21,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LOCAL_CLUSTER = "local-cluster[2,1,1024]"
 
 
-def run_job(tmp_path, master, *extra):
+def run_job(tmp_path, master, *extra, model=None):
     out = tmp_path / "weights.pt"
     proc = subprocess.run([sys.executable, os.path.join(HERE, "cluster_job.py"), master,
                            str(out), *extra], capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("\tat ")]
         pytest.fail(f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n" + "\n".join(lines[-80:]))
-    model = SmallNet()
+    model = model if model is not None else SmallNet()
     model.load_state_dict(torch.load(out, weights_only=True))
     return model, proc
 
@@ -142,6 +142,33 @@ def test_tasks_placed_away_from_their_shards(clean_eight_partition_run, tmp_path
     assert "ran where their shard was not" in proc.stderr
     assert "rebuilding all" not in proc.stderr
     assert bitwise_equal(model, clean_eight_partition_run)
+
+
+WIDE = 500_000
+"""SmallNet's hidden width for a 20 MB model (5,000,003 float32 parameters)."""
+
+
+@pytest.mark.cluster
+def test_misses_of_a_large_model_fill_through_the_shuffle_blocks(sc, tmp_path):
+    """A 20 MB model on local-cluster with spark.locality.wait=0, a straggler and
+    spark.driver.maxResultSize=8m: the filled partitions' vectors travel through the
+    AllReduce's shuffle blocks, so no task result is vector-sized (Spark's resultSize of every
+    task of the run stays within a job's share, half of maxResultSize, while a whole vector
+    would not even fit the limit), and the weights are bitwise a clean local[2] run's."""
+    iterations, vector_bytes, job_share = 4, (10 * WIDE + 3) * 4, 4 << 20
+    model, proc = run_job(tmp_path, LOCAL_CLUSTER, "--sizes",
+                          ",".join(map(str, EIGHT_PARTITIONS)), "--iterations",
+                          str(iterations), "--hidden", str(WIDE), "--locality-wait", "0",
+                          "--slow-partition", "3", "--allreduce", "shuffle",
+                          "--conf", "spark.driver.maxResultSize=8m", "--result-sizes",
+                          model=SmallNet(hidden=WIDE))
+    assert f"iterations={iterations}" in proc.stdout
+    assert _printed(proc, "placement_misses") > 0, "no miss: the test proves nothing"
+    largest = _printed(proc, "max_task_result_bytes")
+    assert 0 < largest <= job_share + (64 << 10) < vector_bytes / 4
+    clean, _ = cluster_job.train(sc, iterations=iterations, sizes=EIGHT_PARTITIONS,
+                                 hidden=WIDE)
+    assert bitwise_equal(model, clean)
 
 
 @pytest.mark.cluster

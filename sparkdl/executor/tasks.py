@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -38,7 +38,7 @@ from .step import (PartitionMetrics, StepSpec, TaskReport, compute_gradient,
                    compute_metric_sums, set_task_threads)
 
 __all__ = ["task_attempt", "PickledSpec", "GradientTask", "PassGradientTask", "PassReport", "EvaluationTask",
-           "ShardBuildTask", "CleanupTask", "FillTask"]
+           "ShardBuildTask", "CleanupTask", "FillTask", "FillMapTask"]
 
 
 class PickledSpec:
@@ -244,9 +244,34 @@ class FillTask:
     task: Any
 
     def __call__(self, partition: int, records: Iterator[Any]) -> Iterator[Any]:
+        yield self.filled(partition, records)
+
+    def filled(self, partition: int, records: Iterator[Any]) -> tuple[ShardSummary, Any]:
+        """``partition``'s shard built from ``records`` here, and ``task.compute`` on it."""
         summary = next(self.build(partition, records))
         shard = open_shard(self.build.data_key, partition) if summary.error is None else None
-        yield summary, self.task.compute(partition, shard)
+        return summary, self.task.compute(partition, shard)
+
+
+@dataclass
+class FillMapTask:
+    """A fill job's map task on the shuffle AllReduce's path
+    (:mod:`sparkdl.transport.filled_blocks`), over the input RDD cut to the missing
+    partitions: task ``i`` builds partition ``partitions[i]``'s shard where it runs (from the
+    user's Python functions ``lineage`` over the records, when the RDD has them), computes
+    ``task``'s vector on it and emits it as the run's map tasks do, with the shard's summary
+    (``side``: :meth:`sparkdl.transport.allreduce.ShuffleAllReduce.fill_side`)."""
+
+    fill: FillTask
+    partitions: list[int]
+    side: Any
+    lineage: Callable[[int, Iterator[Any]], Iterator[Any]] | None = None
+
+    def __call__(self, index: int, records: Iterator[Any]) -> Iterator[Any]:
+        partition = self.partitions[index]
+        rows = records if self.lineage is None else self.lineage(partition, records)
+        summary, (vector, report) = self.fill.filled(partition, rows)
+        yield from self.side.emit(partition, vector, report, summary)
 
 
 @dataclass

@@ -18,7 +18,9 @@ Two ways of losing a shard, two repairs:
   :meth:`CachedData.fill` runs a job over the user's RDD for exactly those partitions: each fill
   task builds its partition's shard where it runs (later iterations there find it) and computes
   the same step on it. Only the missing shards are built, wherever the scheduler puts the tasks,
-  and a miss never fails a run.
+  and a miss never fails a run. On the shuffle AllReduce's path the fill tasks are map tasks
+  whose vectors go through the AllReduce's blocks (:meth:`CachedData.complete_in_blocks`,
+  :mod:`sparkdl.transport.filled_blocks`), never through the driver.
 * A *lost executor*: its checkpointed blocks are lost with it and the iteration's job fails with
   Spark's "Checkpoint block ... not found"; the engine recognises that (:func:`lost_data_reason`),
   rebuilds all shards and the index with :meth:`CachedData.rebuild` and re-runs the iteration,
@@ -53,18 +55,19 @@ from typing import Any
 
 from pyspark import RDD, StorageLevel
 
-from ..errors import TrainingDataError, exception_text, raise_reported
+from ..errors import SparkdlError, TrainingDataError, exception_text, raise_reported
 from ..executor.shard_store import ShardSummary
 from ..executor.replica_build import ReplicaBuildTask, as_collected
-from ..executor.tasks import CleanupTask, FillTask
-from ..transport.allreduce import with_resources
+from ..executor.tasks import CleanupTask, FillMapTask, FillTask
+from ..transport.allreduce import AllReduceResult, ShuffleAllReduce, with_resources
+from ..transport.python_jobs import JobRdd, PythonJobs
 from .held_data import HeldData, check_unchanged, size_text
 from .shard_placement import ShardPlacement, executor_id
 from .slow_executors import TaskTiming
 from .targeted_rdd import single_task_jobs, targeted_rdd
 
 __all__ = ["CachedData", "check_unchanged", "clean_workers", "driver_memory_reason",
-           "lost_data_reason", "memory_kill_reason",
+           "lost_data_reason", "memory_kill_reason", "partition_subset",
            "shard_place"]
 
 _LOST_DATA_MARKERS = ("Checkpoint block", "ExecutorLostFailure", "FetchFailed")
@@ -175,6 +178,18 @@ def _below_python(rdd: RDD) -> tuple[RDD, Any]:
     if func is None or below is None or rdd._is_barrier():
         return rdd, None
     return RDD(below, rdd.ctx, rdd._prev_jrdd_deserializer), func
+
+
+def partition_subset(rdd: RDD, partitions: list[int]) -> Any:
+    """The JVM RDD of ``rdd``'s ``partitions`` alone (Spark's ``PartitionPruningRDD``: its
+    partition ``i`` computes ``rdd``'s partition ``partitions[i]``, where that one would run),
+    for ``partitions`` in ascending order."""
+    jvm = rdd.ctx._jvm
+    wanted = jvm.java.util.HashSet()
+    for p in partitions:
+        wanted.add(int(p))
+    keep = jvm.scala.collection.JavaConverters.asScalaSet(wanted)   # a Scala Int => Boolean
+    return jvm.org.apache.spark.rdd.PartitionPruningRDD.create(rdd._jrdd.rdd(), keep)
 
 
 def check_replica(name: str, first: ShardSummary, replica: ShardSummary) -> None:
@@ -412,6 +427,50 @@ class CachedData(HeldData):
                         "other executors", lost)
             self._targeted = None
         self._build_replicas()
+
+    def fill_map(self, partitions: list[int], task: Any, side: Any, resources: Any) -> JobRdd:
+        """The map tasks of a fill on the shuffle AllReduce's path: one over each of
+        ``partitions`` of the user's RDD (cut to those partitions; its Python functions, unless
+        it is cached or checkpointed, run in the fill's worker with the partitions' own
+        numbers, as pyspark pipelines them), each building its shard where it
+        runs and emitting ``task``'s vector through ``side``
+        (:class:`~sparkdl.executor.tasks.FillMapTask`), in a stage asking for ``resources``."""
+        pipelined = getattr(self.rdd, "_is_pipelinable", lambda: False)()  # not cached
+        source, lineage = _below_python(self.rdd) if pipelined else (self.rdd, None)
+        jobs = PythonJobs.of(self.rdd.context)
+        cut = JobRdd(jobs, partition_subset(source, partitions), source._jrdd_deserializer)
+        return jobs.map_partitions(
+            cut, FillMapTask(FillTask(self.builder, task), list(partitions), side, lineage),
+            resources)
+
+    def complete_in_blocks(self, result: AllReduceResult, task: Any,
+                           allreduce: ShuffleAllReduce, resources: Any) -> AllReduceResult:
+        """``result`` (of ``allreduce.run`` with ``task``) with every partition whose task
+        found no shard filled through the AllReduce's blocks (:meth:`fill_map`,
+        :meth:`ShuffleAllReduce.complete`): bitwise the undisturbed sum, and no filled vector
+        reaches the driver. A completion that computes lost map outputs again can meet new
+        misses; each round fills at least one partition for good, so this ends within
+        ``num_partitions`` rounds."""
+        filled: set[int] = set()
+        attempts: dict[int, int] = {}       # of the missing tasks, for the log
+        for _ in range(self.num_partitions + 1):
+            if not result.missing_partitions:
+                return result
+            missing = [p for p in result.missing_partitions if p not in filled]
+            for r in result.reports:
+                if r.partition not in filled:
+                    attempts[r.partition] = max(r.attempt, attempts.get(r.partition, 0))
+            fills = (self.fill_map(missing, task, allreduce.fill_side(), resources)
+                     if missing else None)       # else found missing again: reduce again
+            result, summaries = allreduce.complete(result, fills)
+            if missing:
+                self.accept_fills(missing, {p: s for p, s in summaries.items() if p in missing})
+                filled.update(missing)
+            for r in result.reports:
+                if r.partition in filled:
+                    r.attempt = max(r.attempt, attempts.get(r.partition, 0))
+        raise SparkdlError(f"partitions {result.missing_partitions} still found no shard after "
+                           f"{self.num_partitions + 1} rounds of fills")
 
     def _fill(self, partitions: list[int], task: Any, resources: Any
               ) -> dict[int, tuple[ShardSummary, Any]]:

@@ -146,22 +146,31 @@ class HeldData:
         run (``resources``: the stage's ResourceProfile, if any); the results by partition,
         once each rebuilt shard has been checked against the first build."""
         wanted = sorted(partitions)
-        self.placement_misses += len(wanted)
         rows = self._fill(wanted, task, resources)
-        self.shards_rebuilt += len(rows)
-        raise_reported([summary for _, (summary, _) in sorted(rows.items())],
+        self.accept_fills(wanted, {p: summary for p, (summary, _) in rows.items()})
+        return {p: result for p, (_, result) in rows.items()}
+
+    def accept_fills(self, wanted: list[int], summaries: dict[int, ShardSummary]) -> None:
+        """The shards a fill job built for the partitions ``wanted`` (their ``summaries``, by
+        partition) checked against the first build and counted, their executors noted as
+        holders; the first permanent error a fill task reported raised."""
+        self.placement_misses += len(wanted)
+        self.shards_rebuilt += len(summaries)
+        raise_reported([summary for _, summary in sorted(summaries.items())],
                        f"filling the {self.name} shards {wanted}")
-        for p, (summary, _) in sorted(rows.items()):
+        if sorted(summaries) != wanted:
+            raise SparkdlError(f"filling the {self.name} shards {wanted} built the shards of "
+                               f"partitions {sorted(summaries)}")
+        for p, summary in sorted(summaries.items()):
             check_unchanged(self.name, self.summaries[p], summary, self.rebuild_hint)
             if summary.error is not None:
                 raise TrainingDataError(f"Partition {p} of the {self.name} data failed when its "
                                         f"shard was rebuilt: {summary.error}")
-        for p, (summary, _) in sorted(rows.items()):
+        for p, summary in sorted(summaries.items()):
             self.record_holder(p, summary)
         log.info("%s partitions %s ran where their shard was not; built those %d shards where "
-                 "their tasks ran (%d shards rebuilt so far)", self.name, wanted, len(rows),
-                 self.shards_rebuilt)
-        return {p: result for p, (_, result) in rows.items()}
+                 "their tasks ran (%d shards rebuilt so far)", self.name, wanted,
+                 len(summaries), self.shards_rebuilt)
 
 
 def not_found(metrics: PartitionMetrics, data: DataHandle) -> bool:

@@ -42,8 +42,8 @@ from ..executor.step import StepSpec
 from ..executor.hop_task import HopPartitionResult, HopSpec, HopTask
 from ..executor.tasks import EvaluationTask, GradientTask, PassGradientTask
 from ..metrics import ValidationMetric
-from ..transport.allreduce import (AllReduceResult, make_allreduce, make_pass_allreduce,
-                                  with_resources)
+from ..transport.allreduce import (AllReduceResult, ShuffleAllReduce, make_allreduce,
+                                  make_pass_allreduce, with_resources)
 from ..transport.codecs import make_pass_codec
 from ..transport.pass_results import pass_table_rows, split_pass_result
 from ..transport.flat_layout import ParamLayout
@@ -277,9 +277,12 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
             allreduce = self._pass_allreduce(numbers, sizes, data)
         try:
             result = allreduce.run(data.iteration_rdd(), task, self._resources)
-            result = complete_misses(
-                result, lambda missing: data.fill(missing, task, self._resources),
-                allreduce.complete, data.num_partitions)
+            if isinstance(allreduce, ShuffleAllReduce):     # fills through its own blocks
+                result = data.complete_in_blocks(result, task, allreduce, self._resources)
+            else:
+                result = complete_misses(
+                    result, lambda missing: data.fill(missing, task, self._resources),
+                    allreduce.complete, data.num_partitions)
         finally:
             allreduce.settle()          # the shuffle's map files, once the result is final
         data.after_iteration(result.reports)

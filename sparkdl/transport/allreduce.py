@@ -48,7 +48,8 @@ from .pieced_broadcast import PIECE_BYTES
 from .table_rows import Rows, join_rows, split_rows, sum_rows
 from .frames import (collect_messages, keyed_frame, message_frames, read_exactly, read_messages,
                      shuffle_frames)
-from .python_jobs import IterationJobs, JobRdd, PythonJobs
+from .python_jobs import IterationJobs, JobRdd
+from .filled_blocks import FilledReport, union_frames, unwrap_filled
 
 __all__ = ["AllReduceResult", "ShuffleAllReduce", "DriverAllReduce", "block_bounds",
            "choose_allreduce", "make_allreduce", "make_pass_allreduce", "sum_in_order",
@@ -283,6 +284,7 @@ class ShuffleAllReduce:
         self.row_bounds = {k: (np.arange(self.num_blocks + 1, dtype=np.int64) * n)
                            // self.num_blocks for k, n in (table_rows or {}).items()}
         self._shuffled: JobRdd | None = None     # the last run's shuffle, for complete()
+        self._fills: list[JobRdd] = []           # its fills' shuffles, for complete()
         self._jobs = IterationJobs("sparkdl iteration (shuffle all-reduce)")
         self._map_dir: str | None = None          # the last run's map files (a local master)
 
@@ -299,7 +301,8 @@ class ShuffleAllReduce:
             index, ShuffleMapSide(local_fn, self.bounds, self.num_blocks, self.codec,
                                   self.row_bounds, self._map_dir), resources)
         self._shuffled = shuffle_frames(mapped, self.num_blocks)
-        return self._reduce(None, submitted_at)
+        self._fills = []
+        return self._reduce(self._shuffled, submitted_at)
 
     def settle(self) -> None:
         """The last run's map files removed (once its result, completed or not, is final: the
@@ -308,21 +311,32 @@ class ShuffleAllReduce:
             shutil.rmtree(self._map_dir, ignore_errors=True)
             self._map_dir = None
 
-    def complete(self, result: AllReduceResult, filled: dict[int, tuple[Any, Any]]
-                 ) -> AllReduceResult:
-        """``result`` with the ``(vector, report)`` of the ``filled`` partitions (computed by
-        another job) in place of their missing ones: only the reduce stage of the last
-        :meth:`run` runs again, over the map outputs Spark still holds (the map stage is
-        skipped; partitions whose map output was lost are computed again), each reducer
-        summing its block of every partition, filled ones included, in partition order:
-        bitwise the sum an undisturbed job gives."""
+    def fill_side(self) -> "ShuffleMapSide":
+        """What a fill job's tasks emit their vectors with (:meth:`ShuffleMapSide.emit`;
+        they compute the vectors themselves): the last :meth:`run`'s blocks, codec and map
+        files."""
+        return ShuffleMapSide(None, self.bounds, self.num_blocks, self.codec, self.row_bounds,
+                              self._map_dir)
+
+    def complete(self, result: AllReduceResult, fill_map: JobRdd | None
+                 ) -> tuple[AllReduceResult, dict[int, Any]]:
+        """``result`` with the partitions that ``fill_map`` computes (a fill job's map tasks,
+        which emit their vectors through :meth:`fill_side`'s :meth:`ShuffleMapSide.emit`) in
+        place of their missing ones, and the shard summaries those tasks carried, by
+        partition. The fill's frames go through a shuffle of their own, with the same blocks
+        and partitioner, and each reducer reads the run's shuffle and every fill's so far as
+        one union (:func:`~sparkdl.transport.filled_blocks.union_frames`): only the fills'
+        map tasks and the reduce stage run (the run's map stage is skipped; partitions whose
+        map output was lost are computed again), and no vector passes through the driver.
+        Each reducer sums its block of every partition, filled ones included, in partition
+        order: bitwise the sum an undisturbed job gives. ``fill_map`` None: the reduce stage
+        again over the fills so far."""
         assert self._shuffled is not None, "complete() follows run()"
-        sc = self._shuffled.jobs.sc
-        filled_bc = PythonJobs.of(sc).broadcast(dict(filled))
-        try:
-            return self._reduce(filled_bc, result.submitted_at)
-        finally:
-            filled_bc.destroy(blocking=False)
+        if fill_map is not None:
+            self._fills.append(shuffle_frames(fill_map, self.num_blocks))
+        result = self._reduce(union_frames([self._shuffled, *self._fills]),
+                              result.submitted_at)
+        return unwrap_filled(result)
 
     def _tell(self, result_dir: str | None, jobs: int) -> None:
         """Say once how the sums reach the driver, when it is not one job's results."""
@@ -340,16 +354,15 @@ class ShuffleAllReduce:
                      "spark.driver.maxResultSize)", self.num_blocks, self._block_mib, jobs,
                      self._per_job_mib)
 
-    def _reduce(self, filled_bc: Any, submitted_at: float) -> AllReduceResult:
-        """The reduce stage over the last run's shuffle (the filled partitions' vectors from
-        ``filled_bc`` in place of what their map tasks sent), collected."""
-        assert self._shuffled is not None
-        result_dir = self._shuffled.jobs.local_dir
-        reduce_side = ShuffleReduceSide(filled_bc, self.bounds, self.codec, self.row_bounds,
+    def _reduce(self, shuffled: JobRdd, submitted_at: float) -> AllReduceResult:
+        """The reduce stage over ``shuffled`` (the last run's shuffle, or its union with the
+        fills' shuffles: a partition's later map output replaces its earlier one), collected."""
+        result_dir = shuffled.jobs.local_dir
+        reduce_side = ShuffleReduceSide(self.bounds, self.codec, self.row_bounds,
                                         self.num_blocks, self.dtype, result_dir)
         bounds = self.bounds
         vector = np.empty(self.size, dtype=self.dtype)
-        reduced = self._shuffled.jobs.map_partitions(self._shuffled, reduce_side)
+        reduced = shuffled.jobs.map_partitions(shuffled, reduce_side)
         groups = self.job_blocks if len(self.job_blocks) > 1 and not result_dir else [None]
         self._tell(result_dir, len(groups))
         messages = []
@@ -395,8 +408,17 @@ class ShuffleMapSide:
     def __call__(self, partition: int, records: Iterator[Any]) -> Iterator[Any]:
         summaries = list(records)
         vector, report = self.local_fn(partition, summaries[0] if summaries else None)
+        yield from self.emit(partition, vector, report)
+
+    def emit(self, partition: int, vector: np.ndarray | None, report: Any,
+             summary: Any = None) -> Iterator[Any]:
+        """The keyed frames of ``partition``'s vector and report (``summary``: the shard
+        summary of a fill task, carried with the report as a
+        :class:`~sparkdl.transport.filled_blocks.FilledReport`)."""
         report, rows = _rows_by_block(report, self.row_bounds, self.num_blocks)
         absent = getattr(report, "absent", ())
+        if summary is not None:
+            report = FilledReport(report, summary)
         bounds = self.bounds
         where = None
         if vector is not None and vector.size and self.map_dir is not None:
@@ -414,10 +436,10 @@ class ShuffleMapSide:
 @dataclass
 class ShuffleReduceSide:
     """The shuffle's reduce task (executor side): block ``k`` of every partition summed in
-    partition order (``filled``: a broadcast of the vectors and reports of partitions computed
-    by a fill job, which replace what their map tasks sent)."""
+    partition order. A partition's later map output replaces an earlier one: the frames of a
+    fill job's shuffle follow those of the run's (:func:`~sparkdl.transport.filled_blocks.
+    union_frames`), so a filled partition's vector and report replace its missing ones."""
 
-    filled: Any
     bounds: np.ndarray
     codec: Any
     row_bounds: dict[Any, np.ndarray]
@@ -427,29 +449,18 @@ class ShuffleReduceSide:
 
     def __call__(self, k: int, frames: Iterator[bytes]) -> Iterator[Any]:
         started_at, t0 = time.time(), time.perf_counter()
-        filled = self.filled.value if self.filled is not None else {}
         codec, row_bounds = self.codec, self.row_bounds
         lo, hi = int(self.bounds[k]), int(self.bounds[k + 1])
-        parts, reports, row_parts, absent = [], [], [], {}
+        latest: dict[int, tuple[Any, Any, Any, Any]] = {}
         for (partition, report, rows, holes, where), payload in read_messages(frames):
-            if partition in filled:
-                continue
             if where is not None:       # the map task's vector in a file: this block of it
                 payload = np.memmap(where, dtype=self.dtype, mode="r", shape=(hi - lo,),
                                     offset=lo * self.dtype.itemsize)
-            parts.append((partition, payload))
-            row_parts.append((partition, rows))
-            absent[partition] = holes
-            if report is not None:
-                reports.append(report)
-        for partition, (vector, report) in filled.items():
-            parts.append((partition, None if vector is None else
-                          codec.encode(vector[lo:hi], lo)))
-            absent[partition] = getattr(report, "absent", ())
-            report, rows = _rows_by_block(report, row_bounds, self.num_blocks)
-            row_parts.append((partition, rows[k]))
-            if k == 0:
-                reports.append(report)
+            latest[partition] = (payload, report, rows, holes)
+        parts = [(p, payload) for p, (payload, _, _, _) in latest.items()]
+        row_parts = [(p, rows) for p, (_, _, rows, _) in latest.items()]
+        absent = {p: holes for p, (_, _, _, holes) in latest.items()}
+        reports = [report for _, report, _, _ in latest.values() if report is not None]
         total = sum_in_order(parts, codec, lo, hi - lo, absent)
         row_sums = _sum_row_parts(row_parts, row_bounds, self.dtype)
         where = None
