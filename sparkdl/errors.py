@@ -101,6 +101,12 @@ class ExchangeError(SparkdlError):
     permanent = True
 
 
+class ExecutorImportError(SparkdlError, ImportError):
+    """The executors' Python cannot import sparkdl (it lacks it, or finds another project's
+    module of that name first): the driver's fit ends with how to ship it to the executors
+    (:mod:`sparkdl.runners.executor_imports`)."""
+
+
 def _subclasses(cls: type) -> list[type]:
     return [cls] + [c for sub in cls.__subclasses__() for c in _subclasses(sub)]
 

@@ -40,7 +40,8 @@ import sys
 from typing import Any, Callable, Mapping
 
 __all__ = ["RECOMMENDED_CONF", "LOCAL_JAVA_OPTIONS", "recommended_conf", "is_local_master",
-           "speculation_never_fires", "spark_setting", "spark_session", "shard_replicas",
+           "speculation_never_fires", "spark_setting", "spark_session", "sets_pyspark_python",
+           "shard_replicas",
            "SHARD_REPLICAS", "DRIVER_JOB_BYTES", "spark_bytes", "spark_flag", "spark_number"]
 
 RECOMMENDED_CONF: dict[str, str] = {
@@ -200,6 +201,27 @@ def spark_number(sc: Any, key: str) -> float:
         return 0.0
 
 
+_PYTHON_KEYS = ("spark.pyspark.python", "spark.pyspark.driver.python")
+
+
+def sets_pyspark_python(master: str, given: set[str], environ: Mapping[str, str],
+                        starts_context: bool) -> bool:
+    """Whether :func:`spark_session` points the executors at this interpreter
+    (``PYSPARK_PYTHON=sys.executable``): only when this call starts the SparkContext
+    (``starts_context``; its Python workers' interpreter is read then) on a ``local[...]`` or
+    ``local-cluster[...]`` master (the executors run on this machine, from plain Python or
+    under ``spark-submit``), and only where neither ``given`` (the keys the session's
+    configuration sets) names ``spark.pyspark.python`` or ``spark.pyspark.driver.python`` nor
+    ``environ`` has ``PYSPARK_PYTHON``. A cluster's executors may not have this path: a packed
+    environment (``--archives env.tar.gz#env`` with ``spark.pyspark.python=./env/bin/python``)
+    is theirs.
+
+    Example: ``sets_pyspark_python("local[2]", set(), os.environ, True)``"""
+    local = is_local_master(master) or master.startswith("local-cluster")
+    return (starts_context and local and "PYSPARK_PYTHON" not in environ
+            and not given.intersection(_PYTHON_KEYS))
+
+
 def spark_session(app_name: str, master: str = "local[*]",
                   conf: Mapping[str, str] | None = None) -> Any:
     """A SparkSession with :data:`RECOMMENDED_CONF`.
@@ -209,12 +231,13 @@ def spark_session(app_name: str, master: str = "local[*]",
     configuration (``--conf``, spark-defaults.conf) has none; ``conf`` entries always apply.
     A ``local[...]`` session this call starts gets :data:`LOCAL_JAVA_OPTIONS` as its driver's
     ``spark.driver.extraJavaOptions`` unless ``conf`` or the configuration sets that.
-    ``PYSPARK_PYTHON`` defaults to this interpreter, so executors find torch.
+    A local session this call starts runs its executors with this interpreter, so they find
+    torch (``PYSPARK_PYTHON``, unless it or ``spark.pyspark.python`` is set; never for a
+    cluster master: :func:`sets_pyspark_python`).
     """
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
     if under_submit:
         # Started by spark-submit: its JVM already runs with the submitted settings.
@@ -227,6 +250,10 @@ def spark_session(app_name: str, master: str = "local[*]",
         builder = builder.master(master)
     starts_jvm = not under_submit and SparkContext._active_spark_context is None
     given = set(conf or {}) | {k for k, _ in submitted.getAll()} | _defaults_file_keys()
+    effective = (conf or {}).get("spark.master") or submitted.get("spark.master", master)
+    if sets_pyspark_python(effective, given, os.environ,
+                           SparkContext._active_spark_context is None):
+        os.environ["PYSPARK_PYTHON"] = sys.executable
     for key, value in recommended_conf(submitted.get("spark.master", master), given,
                                        starts_jvm).items():
         builder = builder.config(key, value)

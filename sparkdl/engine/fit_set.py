@@ -50,6 +50,7 @@ from ..runners.fit_view import FitView
 from ..spark_settings import spark_setting
 from ..transport.flat_layout import ParamLayout
 from .fit.resume.checkpoint_directories import DirectoryHeldError, check_shared_directories
+from .fit.checks.task_parallelism import warn_waves
 from .fit.opening import FitRun, end_fit, open_fit
 from .fit.spec import Fit, fit_of
 from .strategies.base import Strategy, check_capability
@@ -295,6 +296,8 @@ class FitSet:
         later: list[int] = []
         try:
             check_capability(strategy, runner)
+            if strategy.name != "hop":        # data-parallel: every iteration one task a partition
+                warn_waves(first.training_rdd, runner, first.settings.runner_options.device)
             for k in group:
                 try:
                     runs[k] = open_fit(self.specs[k], FitView(runner, loads), strategy, k)

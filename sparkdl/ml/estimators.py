@@ -33,7 +33,6 @@ from torch import nn
 
 from ..data.dataframe_arrays import (check_label_column, check_weight_column, feature_sources,
                                      frame_blocks, input_expressions, numpy_float_dtype)
-from ..data.dataframe_partitions import default_parallelism
 from ..engine.distri_optimizer import DistriOptimizer
 from ..engine.fit.resume.fit_identity import params_identity
 from ..engine.fit.optim.optimizer_sequence import as_optimizer
@@ -46,6 +45,7 @@ from ..data.input_record import (FittedInput, check_first_row_widths, check_tran
 from ..errors import (EmptyDataError, InvalidArgumentError, ModelCriterionMismatchError,
                       TrainingDataError)
 from ..storage.file_systems import is_connect_session
+from ..task_slots import task_slots
 from ..executor.exchange import check_exchange
 from ..transport.flat_layout import ParamLayout
 from .engine_settings import configure_engine, end_trigger
@@ -272,7 +272,7 @@ class _NNEstimatorBase(Estimator, MLWritable, MLReadable):
         connect = is_connect_session(spark)
         if connect:   # before any cluster work: can the weights travel?
             check_exchange(ParamLayout(model).state_bytes, get("exchangeDir"))
-        workers = get("numTrainWorkers") or default_parallelism(spark)
+        workers = get("numTrainWorkers") or task_slots(spark, get("device"))
         shape = get("featureShape")
         train_df, val_df = dataset, None
         if indicator:

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import SparkdlError
 from ..transport.allreduce import AllReduceResult
+from .executor_imports import executor_import_error, missing_sparkdl_reason
 
 __all__ = ["FitView", "shares_passes"]
 
@@ -58,7 +60,16 @@ class FitView:
         """``data`` held for the tasks: once per pass for the same data object and form."""
         key = (id(data), name, float_dtype, tuple(ragged))
         if key not in self._loads:
-            self._loads[key] = (data, self.runner.load(data, name, float_dtype, ragged))
+            try:
+                held = self.runner.load(data, name, float_dtype, ragged)
+            except SparkdlError:
+                raise
+            except Exception as exc:     # the first job of a fit: executors import sparkdl
+                line = missing_sparkdl_reason(exc)
+                if line is None:
+                    raise
+                raise executor_import_error(f"building the {name} shards", line) from exc
+            self._loads[key] = (data, held)
         return self._loads[key][1]
 
     def start(self, spec: Any, layout: Any, options: Any, train: Any) -> str:

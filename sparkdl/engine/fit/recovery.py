@@ -18,6 +18,7 @@ from typing import Callable, TypeVar
 
 from ...errors import SparkdlError
 from ...runners.cached_rdd import worker_crash_reason
+from ...runners.executor_imports import executor_import_error, missing_sparkdl_reason
 from ...runners.interface import DataHandle, IterationRunner
 
 __all__ = ["MAX_REBUILDS", "run_with_recovery", "ExecutorMemoryError", "ExecutorsLostError",
@@ -93,6 +94,9 @@ def run_with_recovery(runner: IterationRunner, data: DataHandle, job: Callable[[
                 log.warning("%s: an executor was killed for exceeding its memory (%s); "
                             "rebuilding once, in case the limit was hit by chance", what, memory)
             if reason is None and memory is None:
+                missing = missing_sparkdl_reason(exc)    # an executor that joined without it
+                if missing is not None:
+                    raise executor_import_error(what, missing) from exc
                 raise
             if attempt == MAX_REBUILDS:
                 raise ExecutorsLostError(

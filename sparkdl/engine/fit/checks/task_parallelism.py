@@ -14,14 +14,21 @@ runs or how long it takes, so a retried or moved task computes bitwise the same 
 * ``sub_replicas=1``: one replica with the task's cores as intra-op threads.
 * ``sub_replicas=k > 1``: ``k`` sub-replicas; a model that cannot run so is an error here.
 
+How the tasks of an iteration share the cluster: an RDD with more partitions than the cluster's
+task slots (:func:`sparkdl.task_slots.task_slots`) keeps them (its batch plan depends on them),
+and :func:`warn_waves` says once, before training, in how many waves each iteration runs.
+
 Example::
 
     count, how = choose_sub_replicas(None, runner.task_cores(), False, hazard)
+    warn_waves(fit.training_rdd, runner, "auto")   # a warning where partitions > task slots
 """
 
 from __future__ import annotations
 
 import copy
+import logging
+import math
 from typing import Any, Callable, Sequence
 
 import torch
@@ -29,10 +36,14 @@ from torch import nn
 
 from ....errors import InvalidArgumentError
 from ....executor.replicas import set_training_modes, training_modes
+from ....task_slots import task_slots
 from ....training_step import step_loss_terms
 from ..optim.rng_isolation import private_torch_rng
 
-__all__ = ["choose_sub_replicas", "concurrency_hazard", "prefers_sub_replicas"]
+__all__ = ["choose_sub_replicas", "concurrency_hazard", "prefers_sub_replicas", "waves_message",
+           "warn_waves"]
+
+log = logging.getLogger("sparkdl")
 
 _CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
                  nn.ConvTranspose3d, nn.MultiheadAttention)
@@ -107,3 +118,33 @@ def choose_sub_replicas(requested: int | None, task_cores: int, gpus: bool,
     per = max(1, task_cores // count)
     return count, (f"{count} sub-replicas per task in threads ({per} intra-op thread"
                    f"{'s' if per > 1 else ''} each), summed in the task")
+
+
+def waves_message(partitions: int, slots: int) -> str | None:
+    """What to say when an iteration's ``partitions`` tasks exceed the cluster's ``slots``
+    (the tasks it runs at once): the waves each iteration runs and how to match them; None
+    when they fit in one wave.
+
+    Example: ``waves_message(8, 2)`` says 4 waves and how to train on 2 partitions."""
+    if partitions <= slots:
+        return None
+    waves = math.ceil(partitions / slots)
+    return (f"the training data has {partitions} partitions and the cluster runs {slots} "
+            f"tasks at once (its task slots: executor cores // spark.task.cpus), so each "
+            f"iteration runs in {waves} waves of tasks, the later ones waiting for the earlier. "
+            f"To train in one wave, repartition the training RDD to {slots} "
+            f"(rdd.repartition({slots})) or, on the estimators, set numTrainWorkers={slots} "
+            "(0, the default, is the task slots)")
+
+
+def warn_waves(data: Any, runner: Any, device: str) -> str | None:
+    """Log (WARNING) :func:`waves_message` for training ``data`` on ``runner`` (a classic
+    SparkContext's runner and an RDD; nothing for the others), from the RDD's partitions and
+    the settings, with no Spark job. Returns the message, or None."""
+    sc = getattr(runner, "spark_context", None)
+    if sc is None or not hasattr(data, "getNumPartitions"):
+        return None
+    message = waves_message(int(data.getNumPartitions()), task_slots(sc, device))
+    if message is not None:
+        log.warning("%s", message)
+    return message
