@@ -42,7 +42,8 @@ from typing import Any, Callable, Mapping
 __all__ = ["RECOMMENDED_CONF", "LOCAL_JAVA_OPTIONS", "recommended_conf", "is_local_master",
            "speculation_never_fires", "spark_setting", "spark_session", "sets_pyspark_python",
            "shard_replicas",
-           "SHARD_REPLICAS", "DRIVER_JOB_BYTES", "driver_job_bytes_setting", "spark_bytes", "spark_flag", "spark_number"]
+           "SHARD_REPLICAS", "DRIVER_JOB_BYTES", "driver_job_bytes_setting", "spark_bytes",
+           "spark_flag", "spark_number"]
 
 RECOMMENDED_CONF: dict[str, str] = {
     "spark.python.unix.domain.socket.enabled": "true",
