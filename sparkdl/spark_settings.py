@@ -42,7 +42,8 @@ from typing import Any, Callable, Mapping
 __all__ = ["RECOMMENDED_CONF", "LOCAL_JAVA_OPTIONS", "recommended_conf", "is_local_master",
            "speculation_never_fires", "spark_setting", "spark_session", "sets_pyspark_python",
            "shard_replicas",
-           "SHARD_REPLICAS", "DRIVER_JOB_BYTES", "spark_bytes", "spark_flag", "spark_number"]
+           "SHARD_REPLICAS", "DRIVER_JOB_BYTES", "driver_job_bytes_setting", "spark_bytes",
+           "spark_flag", "spark_number"]
 
 RECOMMENDED_CONF: dict[str, str] = {
     "spark.python.unix.domain.socket.enabled": "true",
@@ -61,9 +62,10 @@ Larger means fewer jobs per iteration for a large model, and a heap that must ho
 above the driver's heap is refused before any job."""
 
 
-def spark_bytes(value: str, default_unit: str = "m") -> int:
+def spark_bytes(value: str, default_unit: str = "m", setting: str | None = None) -> int:
     """A Spark size setting ("512m", "1g", "2048") in bytes; a bare number is in
-    ``default_unit`` (Spark's unit for that setting)."""
+    ``default_unit`` (Spark's unit for that setting). ``setting``: its name, for the error
+    when ``value`` is not a size."""
     text = value.strip().lower()
     units = {"b": 0, "k": 10, "m": 20, "g": 30, "t": 40, "p": 50}
     if text.endswith("b") and len(text) > 1 and text[-2] in units:
@@ -75,7 +77,30 @@ def spark_bytes(value: str, default_unit: str = "m") -> int:
     except ValueError:
         from .errors import InvalidArgumentError
 
-        raise InvalidArgumentError(f"cannot read the Spark size {value!r}") from None
+        named = f" of {setting}" if setting else ""
+        raise InvalidArgumentError(
+            f"cannot read the Spark size {value!r}{named}: give a whole number with an "
+            "optional unit (b, k, m, g, t, p), such as 512m or 2g") from None
+
+
+def driver_job_bytes_setting(value: str | None) -> int | None:
+    """``spark.sparkdl.driverJobBytes`` (:data:`DRIVER_JOB_BYTES`) in bytes (a bare number is
+    bytes), None when it is not set; an :class:`~sparkdl.errors.InvalidArgumentError` naming
+    the setting when its value is not a size above 0.
+
+    Example: ``driver_job_bytes_setting(spark_setting(sc, DRIVER_JOB_BYTES) or None)``"""
+    if value is None or not str(value).strip():
+        return None
+    size = spark_bytes(str(value), "b", DRIVER_JOB_BYTES)
+    if size <= 0:
+        from .errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            f"{DRIVER_JOB_BYTES}={value!r}: the setting is the most bytes of task results one "
+            "job may hand the driver, and no job's results fit in none. Give a size such as "
+            "256m, or leave it unset (by default an eighth of the driver's heap and half of "
+            "spark.driver.maxResultSize).")
+    return size
 
 
 def spark_setting(sc: Any, key: str, default: str = "") -> str:

@@ -568,3 +568,65 @@ def test_large_values_are_broadcast_in_pieces_and_read_back_whole(sc):
         [("ndarray", True, True)] * 4
     pieces_handle.destroy(blocking=True)
     state_handle.destroy()
+
+
+def test_a_result_stream_cut_short_is_an_error(sc):
+    """The JVM ends a job's result stream by closing it, so a stream cut between two messages
+    looks like its end: a reader told how many messages the job yields refuses fewer (or
+    more), and a stream cut inside a message is refused always, at the driver and in a
+    reducer's stream of frames."""
+    from sparkdl.transport import frames as spark_frames
+
+    def emit(partition, records):
+        list(records)
+        yield from spark_frames.message_frames((partition, "whole"), np.arange(3, dtype=np.int64))
+        if partition == 1:                        # a header promising two frames, then one
+            yield spark_frames.header(((partition, "cut"), 2))
+            yield b"only one frame"
+
+    whole = spark_frames.raw_output(sc.parallelize(range(2), 2).mapPartitionsWithIndex(
+        lambda p, it: emit(0, it)))
+    assert len(spark_frames.collect_messages(whole, lambda head: None, expected=2)) == 2
+    with pytest.raises(EOFError, match="ended after 2 messages, but its job yields 3"):
+        spark_frames.collect_messages(whole, lambda head: None, expected=3)
+    with pytest.raises(EOFError, match="ended after 2 messages, but its job yields 1"):
+        spark_frames.collect_messages(whole, lambda head: None, expected=1)
+    cut = spark_frames.raw_output(sc.parallelize(range(2), 2).mapPartitionsWithIndex(emit))
+    for destination in (lambda head: None,
+                        lambda head: bytearray(100) if head[1] == "cut" else None):
+        with pytest.raises(EOFError, match=r"inside a message of \(1, 'cut'\): 1 of its 2 "):
+            spark_frames.collect_messages(cut, destination)
+    frames = list(spark_frames.message_frames("block", np.arange(3, dtype=np.int64)))
+    assert list(spark_frames.read_messages(frames))[0][1] == np.arange(3).tobytes()
+    with pytest.raises(EOFError, match="inside a message of 'block': 0 of its 1 payload"):
+        list(spark_frames.read_messages(frames[:1]))
+
+
+@pytest.mark.parametrize("where", ["files", "jvm"])
+def test_an_allreduce_missing_a_blocks_sum_raises(sc, monkeypatch, where):
+    """The summed vector starts uninitialised: a block's sum that never came, or a reducer
+    that returned none while the others did, is an error, never uninitialised values in the
+    gradient; on the driver path a partition's vector that never came is one too."""
+    from cut_streams import DriverMapGone, ReducerEmpty, ReducerGone
+    from sparkdl.transport import allreduce as allreduce_module
+    from sparkdl.transport.allreduce import DriverAllReduce, ShuffleAllReduce
+    from sparkdl.transport.python_jobs import PythonJobs
+
+    if where == "jvm":
+        monkeypatch.setattr(PythonJobs.of(sc), "_local_dir", None)    # as on a cluster
+    n, size = 3, 1001
+    vectors = _vectors(n, size)
+    index = sc.parallelize(range(n), n)
+    local_fn = lambda p, _: (vectors[p], _Report(p, False))       # noqa: E731
+    for cut, message in [(ReducerGone, "ended after 2 messages, but its job yields 3"),
+                         (ReducerEmpty, r"reducers of blocks \[1\] returned no sum while "
+                                         "those of 2 other blocks did")]:
+        monkeypatch.setattr(allreduce_module, "ShuffleReduceSide", cut)
+        allreduce = ShuffleAllReduce(size, np.float32, 3)
+        with pytest.raises(EOFError, match=message):
+            allreduce.run(index, local_fn)
+        allreduce.settle()
+    if where == "files":    # the driver path's results travel through the JVM either way
+        monkeypatch.setattr(allreduce_module, "DriverMapSide", DriverMapGone)
+        with pytest.raises(EOFError, match="ended after 2 messages, but its job yields 3"):
+            DriverAllReduce(size, np.float32).run(index, local_fn)

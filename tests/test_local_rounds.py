@@ -313,6 +313,72 @@ def test_the_rounds_settings_are_in_the_resume_key(tmp_path):
     assert len([d for d in os.listdir(tmp_path / "by-fit") if d.startswith("fit-")]) == 5
 
 
+def test_training_longer_from_a_round_cut_by_the_end_is_refused_before_any_round(tmp_path):
+    """MaxIteration(10) with H = 4 ends on a round cut at 10 (rounds 1-4, 5-8, 9-10); a fresh
+    MaxIteration(20) fit trains 9-12 there, so going on from iteration 10 could not give its
+    bits: it is refused, saying why and what to do. Resumed from the checkpoint at 8 (the
+    message's advice), training longer is bitwise the fresh longer fit."""
+    from sparkdl.errors import CheckpointError
+
+    parts = _partitions("mlp")
+    make_opt = MODELS["mlp-sgd-momentum"][2]
+
+    def fit(iterations, directory=None):
+        torch.manual_seed(0)
+        net = SmallNet()
+        opt = DistriOptimizer(net, _local(parts), nn.CrossEntropyLoss(), make_opt(net),
+                              batch_size=BATCH, seed=SEED, end_trigger=MaxIteration(iterations),
+                              progress_bar=False, local_steps=4)
+        if directory is not None:
+            opt.set_checkpoint(str(directory), SeveralIteration(2), keep_last=5)
+        opt.optimize()
+        return opt
+
+    fresh = fit(20)
+    short = fit(10, tmp_path)
+    assert [r.iteration for r in short.summary.iterations] == list(range(1, 11))
+    cut = os.path.join(str(tmp_path), "checkpoint-0000000010.pt")
+    assert os.path.exists(cut)
+    with pytest.raises(CheckpointError) as err:
+        fit(20, tmp_path)
+    message = str(err.value)
+    assert (f"The checkpoint {cut} is at iteration 10, inside one of this fit's local rounds "
+            "(iterations 9-12, local_steps=4)") in message
+    assert f"Remove {cut} to resume from the checkpoint at iteration 8" in message
+    assert "here at iteration 8 or 12" in message and "Nothing has trained yet." in message
+    os.remove(cut)
+    longer = fit(20, tmp_path)
+    assert longer.summary.iterations[0].iteration == 1 and len(longer.summary.iterations) == 20
+    assert bitwise_equal(longer.model, fresh.model)
+
+
+def test_rounds_shorter_than_local_steps_are_said_once(caplog):
+    """local_steps=1000 over epochs of 13 iterations: rounds of 13 (a round never crosses an
+    epoch's end), said once; an end trigger before that says so; rounds of local_steps say
+    nothing."""
+    import logging
+
+    parts = _partitions("mlp")
+    per_epoch = -(-sum(SIZES) // BATCH)
+    make_opt = MODELS["mlp-sgd-momentum"][2]
+
+    def warnings(iterations, local_steps):
+        caplog.clear()
+        torch.manual_seed(0)
+        with caplog.at_level(logging.WARNING, logger="sparkdl"):
+            opt = _fit(SmallNet(), _local(parts), make_opt, iterations, local_steps=local_steps)
+        return opt, [r.getMessage() for r in caplog.records if "local_steps=" in r.getMessage()]
+
+    opt, said = warnings(2 * per_epoch, 1000)
+    assert said == [f"local_steps=1000, but this fit's rounds take at most {per_epoch} "
+                    "iterations: a round never crosses an epoch's end, and an epoch has "
+                    f"{per_epoch} iterations"]
+    assert len(opt.summary.iterations) == 2 * per_epoch
+    assert warnings(3, 1000)[1] == ["local_steps=1000, but this fit's rounds take at most 3 "
+                                    "iterations: the end trigger ends the fit at iteration 3"]
+    assert warnings(per_epoch, 4)[1] == []
+
+
 def test_rounds_are_refused_where_they_cannot_run():
     from sparkdl.engine.strategies.base import check_capability
     from sparkdl.engine.strategies.rounds.strategy import RoundsStrategy
@@ -332,6 +398,15 @@ def test_rounds_are_refused_where_they_cannot_run():
     with pytest.raises(InvalidArgumentError, match="local_steps"):
         DistriOptimizer(net, data, nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), 0.1),
                         batch_size=8, local_steps=0)
+    # an optimizer whose step needs a closure, refused before the data is even read
+    lbfgs = DistriOptimizer(net, data, nn.CrossEntropyLoss(), torch.optim.LBFGS(net.parameters()),
+                            batch_size=8, local_steps=2, end_trigger=MaxIteration(2))
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    with pytest.raises(InvalidArgumentError, match=r"LBFGS\.step needs a closure .* local "
+                                                   r"rounds do not run such an optimizer .* "
+                                                   r"train it synchronously \(local_steps=1"):
+        lbfgs.optimize()
+    assert all(torch.equal(v, before[k]) for k, v in net.state_dict().items())
 
 
 # ---------------------------------------------------------------------------------- on Spark

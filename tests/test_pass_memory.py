@@ -29,6 +29,35 @@ def test_spark_sizes_are_read_in_each_settings_unit():
         spark_bytes("lots")
 
 
+def test_the_driver_job_bytes_setting_is_read_or_refused_by_name(sc):
+    """spark.sparkdl.driverJobBytes: a size in bytes (units as Spark's), unset by default; a
+    value that is not a size, or none above 0, is refused naming the setting, before any
+    job."""
+    from sparkdl.spark_settings import DRIVER_JOB_BYTES, driver_job_bytes_setting
+
+    assert driver_job_bytes_setting("400m") == 400 << 20
+    assert driver_job_bytes_setting("1048576") == 1 << 20          # a bare number: bytes
+    assert driver_job_bytes_setting(None) is None and driver_job_bytes_setting(" ") is None
+    with pytest.raises(InvalidArgumentError, match=r"cannot read the Spark size 'lots' of "
+                                                   r"spark\.sparkdl\.driverJobBytes"):
+        budgets({DRIVER_JOB_BYTES: "lots"}.get, "shuffle", 2)
+    for zero in ("0", "0m", "-5"):
+        with pytest.raises(InvalidArgumentError,
+                           match=rf"spark\.sparkdl\.driverJobBytes='{zero}': the setting is "
+                                 "the most bytes of task results one job may hand the driver"):
+            driver_job_bytes_setting(zero)
+    with pytest.raises(InvalidArgumentError, match="of spark.driver.memory"):
+        budgets({"spark.driver.memory": "big"}.get, "shuffle", 2)
+    x, y = classification_data(sum(SIZES), d=16, classes=4, seed=4)
+    rdd = make_rdd(sc, list(zip(x, y)), SIZES)
+    for value, message in (("lots", "'lots' of spark.sparkdl.driverJobBytes"),
+                           ("0", "spark.sparkdl.driverJobBytes='0'")):
+        with live_setting(sc, DRIVER_JOB_BYTES, value), JobCounter(sc) as jobs:
+            with pytest.raises(InvalidArgumentError, match=message):
+                make_fit(rdd, 8, 0.1).optimize()
+        assert jobs.count == 0
+
+
 def test_budgets_follow_the_settings_as_spark_applies_them():
     settings = {"spark.driver.maxResultSize": "10m", "spark.driver.memory": "2g",
                 "spark.executor.pyspark.memory": "3g", "spark.executor.cores": "3"}

@@ -136,3 +136,48 @@ def test_an_iteration_costs_the_driver_few_py4j_round_trips_and_the_same_weights
     # both paths sum in partition order: bitwise the same weights
     assert all(torch.equal(a, b) for a, b in zip(reference["driver"], reference["shuffle"]))
     assert not all(torch.equal(a, b) for a, b in zip(reference["driver"], initial))
+
+
+def test_the_transport_modules_import_one_another_without_a_cycle():
+    """Every import between sparkdl.transport's modules, at module level or inside a function,
+    follows one order: each piece lives in the module it belongs to, none needs a late
+    import to load."""
+    import ast
+
+    import sparkdl.transport
+
+    package = os.path.dirname(sparkdl.transport.__file__)
+    modules = {name[:-3] for name in os.listdir(package) if name.endswith(".py")}
+    imports = {}
+    for module in modules:
+        with open(os.path.join(package, module + ".py")) as f:
+            tree = ast.parse(f.read())
+        named = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                named |= ({node.module.split(".")[0]} if node.module else
+                          {alias.name for alias in node.names})
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "sparkdl.transport."):
+                named.add(node.module.split(".")[2])
+            elif isinstance(node, ast.Import):
+                named |= {a.name.split(".")[2] for a in node.names
+                          if a.name.startswith("sparkdl.transport.")}
+        imports[module] = named & modules
+    assert "python_jobs" in imports["frames"]          # the graph is read
+    order: list[str] = []
+    visiting: list[str] = []
+
+    def visit(module):
+        assert module not in visiting, f"import cycle: {' -> '.join(visiting + [module])}"
+        if module in order:
+            return
+        visiting.append(module)
+        for other in sorted(imports[module]):
+            visit(other)
+        visiting.pop()
+        order.append(module)
+
+    for module in sorted(modules):
+        visit(module)
+    assert len(order) == len(modules)

@@ -11,7 +11,7 @@ import torch
 
 from models import JobCounter, SmallNet, make_rdd, max_abs_diff
 from sparkdl import BatchPlan, DistriOptimizer, InvalidArgumentError, Loss, Top1Accuracy
-from sparkdl.triggers import (EarlyStopping, MaxEpoch, MaxIteration, MaxScore, MinLoss,
+from sparkdl.triggers import (EarlyStopping, EveryEpoch, MaxEpoch, MaxIteration, MaxScore, MinLoss,
                               SeveralIteration, TrainingState, TriggerAnd, TriggerOr)
 
 SIZES = [40, 25, 35]
@@ -191,3 +191,31 @@ def _engine(net, rdd, optimizer, end=None):
 def test_bad_values_are_refused_before_any_spark_job(sc, change, match):
     with pytest.raises(InvalidArgumentError, match=match):
         _bad(sc, change)
+
+
+def test_early_stopping_in_local_rounds_restores_the_best_rounds_weights(sc):
+    """In local rounds (``local_steps=5``: a round is an epoch) the end trigger is asked
+    about every iteration of a round; the best validation's weights are still the ones kept:
+    the final weights are bitwise those of a fit that stops at the best validation."""
+    x, y = data(100, seed=2, noise=3.0)                      # noisy labels: overfits quickly
+    xv, yv = data(60, seed=3, noise=3.0)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3))
+    adam = lambda m: torch.optim.Adam(m.parameters(), lr=0.02)       # noqa: E731
+
+    def fit(end):
+        net, opt = engine(sc, model, x, y, adam, end, local_steps=5)
+        opt.set_validation(make_rdd(sc, list(zip(xv, yv)), [30, 30]), EveryEpoch(), [Loss()])
+        opt.optimize()
+        return net, opt
+
+    stop = EarlyStopping("Loss", patience=2, mode="min", restore_best=True)
+    stopped, opt = fit(MaxEpoch(40) | stop)
+    losses = [v.metrics["Loss"] for v in opt.summary.validations]
+    best = int(np.argmin(losses))
+    assert len(losses) == best + 1 + 2                       # stopped by the rule, not MaxEpoch
+    assert stop.best_iteration == opt.summary.validations[best].iteration
+    assert stop.best_iteration < opt.summary.iterations[-1].iteration
+    at_best, _ = fit(MaxIteration(stop.best_iteration))
+    assert all(torch.equal(a, b) for a, b in zip(stopped.state_dict().values(),
+                                                 at_best.state_dict().values()))

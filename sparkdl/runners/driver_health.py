@@ -41,7 +41,8 @@ import logging
 from typing import Any
 
 from ..errors import exception_text
-from ..spark_settings import DRIVER_JOB_BYTES, is_local_master, spark_bytes, spark_setting
+from ..spark_settings import (DRIVER_JOB_BYTES, driver_job_bytes_setting, is_local_master,
+                              spark_setting)
 from ..transport.allreduce import driver_job_bytes
 from .cached_rdd import driver_memory_reason
 from .driver_watch import DriverWatch, driver_process
@@ -79,8 +80,8 @@ def driver_job_share(sc: Any) -> int:
     ``spark.driver.maxResultSize`` and of ``spark.sparkdl.driverJobBytes``)."""
     heap = int(sc._jvm.java.lang.Runtime.getRuntime().maxMemory())
     results = max_result_bytes(sc)
-    chosen = spark_setting(sc, DRIVER_JOB_BYTES)
-    return driver_job_bytes(heap, results, spark_bytes(chosen, "b") if chosen else None)
+    return driver_job_bytes(heap, results,
+                            driver_job_bytes_setting(spark_setting(sc, DRIVER_JOB_BYTES)))
 
 
 def driver_heap_failure(exc: BaseException | str, local: bool = False) -> str | None:

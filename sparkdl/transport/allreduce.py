@@ -46,10 +46,10 @@ from .codecs import ExactCodec, make_codec
 from .flat_layout import ParamLayout
 from .pieced_broadcast import PIECE_BYTES
 from .table_rows import Rows, join_rows, split_rows, sum_rows
-from .frames import (collect_messages, keyed_frame, message_frames, read_exactly, read_messages,
-                     shuffle_frames)
+from .frames import collect_messages, keyed_frame, message_frames, read_messages, shuffle_frames
 from .python_jobs import IterationJobs, JobRdd
 from .filled_blocks import FilledReport, union_frames, unwrap_filled
+from .stream_reads import read_exactly
 
 __all__ = ["AllReduceResult", "ShuffleAllReduce", "DriverAllReduce", "block_bounds",
            "choose_allreduce", "make_allreduce", "make_pass_allreduce", "sum_in_order",
@@ -354,6 +354,24 @@ class ShuffleAllReduce:
                      "spark.driver.maxResultSize)", self.num_blocks, self._block_mib, jobs,
                      self._per_job_mib)
 
+    def _check_blocks(self, messages: list[tuple[Any, Any]]) -> None:
+        """Every block's sum came once, and either every block holds one or none does (no
+        partition contributed): the summed vector starts uninitialised, so a block left out
+        must be an error, never values."""
+        blocks = sorted(head[0] for head, _ in messages)
+        if blocks != list(range(self.num_blocks)):
+            missing = sorted(set(range(self.num_blocks)) - set(blocks))
+            raise EOFError(f"the AllReduce's results hold the sums of blocks {blocks[:20]} "
+                           f"(missing {missing[:20]}) of {self.num_blocks}: a reducer's result "
+                           "was cut short")
+        written = [head[0] for head, payload in messages
+                   if payload is not None or head[-1] is not None]
+        if written and len(written) != self.num_blocks:
+            empty = sorted(set(blocks) - set(written))
+            raise EOFError(f"the AllReduce's reducers of blocks {empty[:20]} returned no sum "
+                           f"while those of {len(written)} other blocks did: their inputs "
+                           "were cut short")
+
     def _reduce(self, shuffled: JobRdd, submitted_at: float) -> AllReduceResult:
         """The reduce stage over ``shuffled`` (the last run's shuffle, or its union with the
         fills' shuffles: a partition's later map output replaces its earlier one), collected."""
@@ -369,7 +387,8 @@ class ShuffleAllReduce:
         for group in groups:        # each block's sum read straight into its place
             messages += collect_messages(
                 reduced, lambda head: vector[bounds[head[0]]:bounds[head[0] + 1]],
-                self._jobs.call_site, group)
+                self._jobs.call_site, group, self.num_blocks if group is None else len(group))
+        self._check_blocks(messages)
         for (k, *_, where), _payload in messages:
             if where is not None:   # a local master's reducer wrote its sum to a file
                 read_sum_file(where, vector[bounds[k]:bounds[k + 1]])
@@ -546,7 +565,8 @@ class DriverAllReduce:
         submitted_at = time.time()
         index = self._jobs.index(index_rdd)
         mapped = index.jobs.map_partitions(index, DriverMapSide(local_fn, self.codec), resources)
-        messages = collect_messages(mapped, lambda head: None, self._jobs.call_site)
+        messages = collect_messages(mapped, lambda head: None, self._jobs.call_site,
+                                    expected=self._jobs.num_partitions)
         returned_at, t0 = time.time(), time.perf_counter()
         parts = [(r.partition, b) for r, b in messages]
         reports = sorted((r for r, _ in messages), key=lambda r: r.partition)

@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import pickle
 from typing import Any, Callable, Iterable, Iterator
 
@@ -31,8 +32,9 @@ from pyspark import RDD
 from pyspark.serializers import NoOpSerializer, SpecialLengths, pack_long, read_int
 
 from .python_jobs import JobRdd
+from .stream_reads import read_exactly
 
-__all__ = ["MAX_FRAME_BYTES", "read_exactly", "raw_output", "shuffle_frames", "keyed_frame",
+__all__ = ["MAX_FRAME_BYTES", "raw_output", "shuffle_frames", "keyed_frame",
            "buffer_frames", "header", "read_header", "join_frames", "message_frames", "read_messages",
            "collect_messages"]
 
@@ -108,7 +110,13 @@ def read_messages(frames: Iterable[bytes]) -> Iterator[tuple[Any, bytes | None]]
     stream = iter(frames)
     for frame in stream:
         head, count = read_header(frame)
-        payload = join_frames([next(stream) for _ in range(count)]) if count else None
+        payload = None
+        if count:
+            parts = list(itertools.islice(stream, count))
+            if len(parts) < count:
+                raise EOFError(f"a stream of frames ended inside a message of {head!r}: "
+                               f"{len(parts)} of its {count} payload frames came")
+            payload = join_frames(parts)
         yield head, payload
 
 
@@ -121,21 +129,10 @@ def _read_bytes(stream: Any, length: int) -> bytes:
     return data
 
 
-def read_exactly(stream: Any, target: Any,
-                 ended: str = "the driver's result stream ended inside a frame") -> None:
-    """Fill ``target`` (a writable buffer) from ``stream`` (a socket's or a file's), raising
-    ``EOFError(ended)`` if the stream ends first."""
-    view, done = memoryview(target).cast("B"), 0
-    while done < len(view):
-        n = stream.readinto(view[done:])
-        if not n:
-            raise EOFError(ended)
-        done += n
-
-
 def collect_messages(rdd: Any, destination: Callable[[Any], Any],
                      call_site: str | None = None,
-                     partitions: list[int] | None = None) -> list[tuple[Any, Any]]:
+                     partitions: list[int] | None = None,
+                     expected: int | None = None) -> list[tuple[Any, Any]]:
     """Collect the messages (:func:`message_frames`) that a :func:`raw_output` RDD, or a
     :class:`sparkdl.transport.python_jobs.JobRdd` (its job named ``call_site``), yields to the
     driver, reading each payload straight from the JVM's result socket into the writable buffer
@@ -147,7 +144,12 @@ def collect_messages(rdd: Any, destination: Callable[[Any], Any],
     internals as ``RDD.collect`` (``PythonRDD.collectAndServe`` and
     ``local_connect_and_auth``, alike from pyspark 3.4 to 4.3; :mod:`sparkdl.spark_compat`).
     ``partitions`` (a ``JobRdd``'s only): a job of only those partitions (``PythonRDD.runJob``,
-    as ``SparkContext.runJob``)."""
+    as ``SparkContext.runJob``).
+
+    The JVM ends the stream by closing it, so an end between two messages looks like the
+    last one: ``expected``, the number of messages the job yields (one per reduce task, one
+    per partition), makes any other count an ``EOFError`` (a stream cut short); a stream that
+    ends inside a message is one always."""
     from pyspark.traceback_utils import SCCallSiteSync
     from ..spark_compat import local_connect_and_auth
 
@@ -164,8 +166,14 @@ def collect_messages(rdd: Any, destination: Callable[[Any], Any],
             try:
                 length = read_int(stream)
             except EOFError:            # the JVM closes the stream after the last element
-                return messages
+                length = SpecialLengths.END_OF_DATA_SECTION
             if length == SpecialLengths.END_OF_DATA_SECTION:
+                if expected is not None and len(messages) != expected:
+                    raise EOFError(
+                        f"the driver's result stream ended after {len(messages)} messages, "
+                        f"but its job yields {expected}: the results were cut short (the "
+                        "connection to the driver's JVM was lost, or a task yielded less "
+                        "than it should)")
                 return messages
             head, count = read_header(_read_bytes(stream, length))
             if not count:
@@ -174,8 +182,13 @@ def collect_messages(rdd: Any, destination: Callable[[Any], Any],
             target = destination(head)
             view = None if target is None else memoryview(target).cast("B")
             offset, frames = 0, []
-            for _ in range(count):
-                length = read_int(stream)
+            for frame in range(count):
+                try:
+                    length = read_int(stream)
+                except EOFError:
+                    raise EOFError(f"the driver's result stream ended inside a message of "
+                                   f"{head!r}: {frame} of its {count} payload frames came"
+                                   ) from None
                 if view is None:
                     frames.append(_read_bytes(stream, length))
                     continue

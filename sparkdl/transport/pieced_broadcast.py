@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .frames import read_exactly
+from .stream_reads import read_exactly
 
 __all__ = ["PIECE_BYTES", "PiecedValue", "FileValue", "pieced_broadcast"]
 

@@ -39,6 +39,8 @@ from typing import Any, Callable
 from pyspark import Broadcast
 from pyspark.serializers import CloudPickleSerializer, NoOpSerializer
 
+from .pieced_broadcast import pieced_broadcast
+
 __all__ = ["IterationJobs", "JobRdd", "PythonJobs", "user_call_site"]
 
 _PYTHON = "org.apache.spark.api.python."
@@ -146,8 +148,6 @@ class PythonJobs:
         on a local master as a file the tasks read
         (:func:`~sparkdl.transport.pieced_broadcast.pieced_broadcast`: a handle with the same
         ``value`` and ``destroy``)."""
-        from .pieced_broadcast import pieced_broadcast
-
         return pieced_broadcast(self._one_broadcast, value, local_dir=self._local_dir)
 
     def _one_broadcast(self, value: Any) -> Any:
@@ -210,11 +210,14 @@ class IterationJobs:
         self.call_site = user_call_site(label)
         self._rdd: Any = None
         self._index: JobRdd | None = None
+        self.num_partitions = 0
+        """The index RDD's number of partitions (of the last :meth:`index`)."""
 
     def index(self, rdd: Any) -> JobRdd:
         """The :class:`JobRdd` of the pyspark ``RDD`` ``rdd``."""
         if rdd is not self._rdd or self._index is None:
             self._index = PythonJobs.of(rdd.ctx).rdd(rdd)
+            self.num_partitions = rdd.getNumPartitions()
             self._rdd = rdd
         return self._index
 

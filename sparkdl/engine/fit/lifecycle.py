@@ -117,7 +117,10 @@ class FitLifecycle:
         assert self.reporter is not None
 
         def fires(trigger: Any) -> bool:
-            return trigger(state) or any(trigger(s) for s in passed)
+            # Asked in the order the iterations ran, ``state`` last: a trigger that keeps what
+            # it saw (EarlyStopping's ``improved``, read by remember_best) ends on this one.
+            fired = [trigger(s) for s in (*passed, state)]
+            return any(fired)
 
         if ctx.validation is not None and fires(ctx.validation.trigger):
             validation = ctx.validation.run(ctx, weights(), state)

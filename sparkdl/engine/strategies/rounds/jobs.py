@@ -43,7 +43,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ....errors import SparkdlError, raise_reported
+from ....errors import CheckpointError, SparkdlError, raise_reported
 from ....executor.hop_task import HopBundle
 from ....executor.process_memory import current_rss_bytes
 from ....executor.replicas import ReplicaSpec
@@ -63,7 +63,7 @@ from ...fit.run_context import RunContext
 from ...fit.optim.outer_optimizer import outer_optimizer
 from ..sync.pass_jobs import PassJobs
 from ..sync.step import SyncStep
-from .schedule import in_warmup, round_end
+from .schedule import ends_a_round, in_warmup, longest_round, round_end, round_start
 
 __all__ = ["RoundSettings", "RoundMember", "RoundsJobs"]
 
@@ -103,6 +103,8 @@ class RoundMember:
         if not self.sync.start():
             return False
         ctx = self.ctx
+        self._check_resumed_round()
+        self._tell_round_lengths()
         self.outer = outer_optimizer(self.settings.outer, [
             p for p in ctx.model.parameters() if p.requires_grad])
         resumed = ctx.resumed_strategy_state
@@ -113,6 +115,54 @@ class RoundMember:
             ctx.resumed_strategy_state = None
         ctx.strategy_state = self
         return True
+
+    def _check_resumed_round(self) -> None:
+        """A checkpoint taken where this fit's rounds do not end (its run's last round, cut
+        by a shorter end trigger) is refused before any job: training on from it would split
+        one of this fit's rounds in two, which a fresh fit of these settings never does."""
+        ctx, settings = self.ctx, self.settings
+        per_epoch, done = ctx.plan.iterations_per_epoch, ctx.iteration
+        if ends_a_round(done, per_epoch, settings.local_steps, settings.warmup, self._planned):
+            return
+        first = round_start(done - 1, per_epoch, settings.local_steps, settings.warmup)
+        last = round_end(done - 1, per_epoch, settings.local_steps, settings.warmup,
+                         self._planned)
+        store = ctx.checkpoints.store if ctx.checkpoints is not None else None
+        name = store.file_name(done) if store is not None else f"at iteration {done}"
+        earlier = [i for i in (store.iterations() if store is not None else []) if i < done
+                   and ends_a_round(i, per_epoch, settings.local_steps, settings.warmup,
+                                    self._planned)]
+        instead = (f"Remove {name} to resume from the checkpoint at iteration {earlier[-1]} "
+                   "(where this fit's rounds end), or train the longer fit from the start in "
+                   "a new checkpoint directory" if earlier else
+                   "Train the longer fit from the start in a new checkpoint directory")
+        raise CheckpointError(
+            f"The checkpoint {name} is at iteration {done}, inside one of this fit's local "
+            f"rounds (iterations {first + 1}-{last}, local_steps={settings.local_steps}): the "
+            "run that wrote it ended there because its end trigger cut that round short. "
+            "Going on from it would train two rounds where this fit trains one, so the "
+            f"result would not be this fit's. {instead}; and end a fit you mean to train "
+            f"longer where its rounds end: here at iteration {first} or {last} (MaxEpoch, or "
+            "a MaxIteration that falls on a round's end). Nothing has trained yet.")
+
+    def _tell_round_lengths(self) -> None:
+        """Say once when the fit's rounds are shorter than ``local_steps`` throughout (an
+        epoch, or the whole fit after its warm-up, is shorter)."""
+        settings, per_epoch = self.settings, self.ctx.plan.iterations_per_epoch
+        steps, warmup = settings.local_steps, settings.warmup
+        longest = longest_round(per_epoch, steps, warmup, self._planned)
+        if not longest or longest >= steps:
+            return
+        if longest_round(per_epoch, steps, warmup, None) == longest:
+            why = (f"a round never crosses an epoch's end, and an epoch has {per_epoch} "
+                   "iterations" + (f" ({warmup} of them the synchronous warm-up's)"
+                                   if warmup and warmup < per_epoch else ""))
+        else:
+            why = (f"the end trigger ends the fit at iteration {self._planned}"
+                   + (f", {warmup} iterations of them the synchronous warm-up's"
+                      if warmup else ""))
+        log.warning("local_steps=%d, but this fit's rounds take at most %d iterations: %s",
+                    steps, longest, why)
 
     def close(self) -> None:
         self.sync.close()

@@ -21,12 +21,15 @@ from typing import Any, Sequence
 from ....data.batch_plan import BatchPlan
 from ....errors import InvalidArgumentError
 from ....runners.interface import RoundRunner
+from ....triggers import planned_iterations
 from ...fit.checks.data_checks import DataSpec
 from ...fit.opening import FitRun
+from ...fit.optim.optimizer_sequence import needs_closure
 from ...fit.resume.content_digest import content_digest
 from ...fit.spec import OWNER, Fit
 from ..base import FitsDriver
 from .jobs import RoundMember, RoundSettings, RoundsJobs
+from .schedule import longest_round
 from ...fit.optim.outer_optimizer import describe_outer
 
 __all__ = ["RoundsStrategy", "rounds_settings", "uses_rounds"]
@@ -67,6 +70,14 @@ class RoundsStrategy:
                 f"{OWNER}: local rounds train each partition's optimizer inside its task, where "
                 "float16 training would need a loss scaler of its own: use precision='32' or "
                 "'bf16-mixed' with local_steps > 1 (or an outer_optimizer).")
+        if needs_closure(fit.optimizer):
+            raise InvalidArgumentError(
+                f"{OWNER}: {type(fit.optimizer).__name__}.step needs a closure (it evaluates "
+                "the loss several times per step), and local rounds do not run such an "
+                "optimizer as the partitions' inner optimizer: train it synchronously "
+                "(local_steps=1 and no "
+                "outer_optimizer, where each evaluation is one more gradient job), or use an "
+                "optimizer whose step needs no closure (SGD, Adam, ...) inside the rounds.")
 
     def plan(self, fit: Fit, spec: DataSpec, position: int) -> "RoundsPlan":
         return RoundsPlan(spec.partition_sizes, fit.batch_size, fit.seed, fit.settings.shuffle,
@@ -81,8 +92,12 @@ class RoundsStrategy:
     def describe(self, fit: Fit, plan: Any, how: str) -> str:
         warmup = (f", after {fit.sync_warmup} synchronous iterations" if fit.sync_warmup
                   else "")
+        longest = longest_round(plan.iterations_per_epoch, fit.local_steps, fit.sync_warmup,
+                                planned_iterations(fit.end_trigger, plan.iterations_per_epoch))
+        length = (f"{fit.local_steps} iterations" if longest in (0, fit.local_steps) else
+                  f"at most {longest} iterations (local_steps={fit.local_steps})")
         return (f"training on {plan.num_samples} samples in {plan.num_partitions} partitions in "
-                f"local rounds of {fit.local_steps} iterations{warmup}: global batch "
+                f"local rounds of {length}{warmup}: global batch "
                 f"{fit.batch_size}, {plan.iterations_per_epoch} iterations per epoch, outer "
                 f"optimizer {describe_outer(fit.outer_optimizer)}, {how}")
 

@@ -50,7 +50,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ....errors import InvalidArgumentError
-from ....spark_settings import DRIVER_JOB_BYTES, spark_bytes
+from ....spark_settings import DRIVER_JOB_BYTES, driver_job_bytes_setting, spark_bytes
 from ....executor.exchange import CLOSURE_MAX_BYTES, FILE_ABOVE_BYTES
 from ....transport.allreduce import (DRIVER_HEAP_SHARE, choose_allreduce, driver_job_bytes,
                                         job_intake)
@@ -163,8 +163,9 @@ def budgets(setting: Callable[[str], str | None], allreduce: str,
     result = setting("spark.driver.maxResultSize") or "1g"
     heap = setting("spark.driver.memory") or "1g"
     chosen = setting(DRIVER_JOB_BYTES)
-    job_bytes = driver_job_bytes(spark_bytes(heap), spark_bytes(result, "b"),
-                                 spark_bytes(chosen, "b") if chosen else None)
+    job_bytes = driver_job_bytes(spark_bytes(heap, "m", "spark.driver.memory"),
+                                 spark_bytes(result, "b", "spark.driver.maxResultSize"),
+                                 driver_job_bytes_setting(chosen))
     intake = _intake(allreduce, num_partitions, job_bytes)
     hint = ("" if allreduce != "driver" else
             ", or use allreduce=\"shuffle\" (its sums reach the driver in jobs that stay "
