@@ -36,6 +36,16 @@ def adult_classifier(width: int, epochs: int, batch_size: int, learning_rate: fl
                         maxEpoch=epochs, learningRate=learning_rate, optimizer="adam", seed=seed)
 
 
+def console_logging(name: str) -> logging.Logger:
+    """This script's logger, and sparkdl's, at INFO on the console; everything else (py4j, which
+    would log every connection it closes at exit) at WARNING."""
+    logging.basicConfig(level=logging.WARNING, force=True,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for logger in ("sparkdl", name):
+        logging.getLogger(logger).setLevel(logging.INFO)
+    return logging.getLogger(name)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -49,13 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-accuracy", type=float, default=0.0,
                    help="exit with status 1 if the test accuracy is lower")
     args = p.parse_args(argv)
-    # INFO for sparkdl's and this script's loggers only (py4j stays at WARNING, else it logs
-    # every connection it closes at exit)
-    logging.basicConfig(level=logging.WARNING, force=True,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    log = logging.getLogger("adult")
-    for name in ("sparkdl", "adult"):
-        logging.getLogger(name).setLevel(logging.INFO)
+    log = console_logging("adult")
 
     from pyspark.ml import Pipeline
     from pyspark.ml.evaluation import MulticlassClassificationEvaluator

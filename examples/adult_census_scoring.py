@@ -15,12 +15,12 @@ accuracy as well.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
 # The training job's catalog and table helpers (this folder is on the path under python and
 # spark-submit alike: the script's own folder).
+from adult_census_pipeline import console_logging
 from adult_census_tables import (add_io_arguments, catalog_session, prediction_table, read_input,
                                  storage_path)
 
@@ -34,13 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-table", default="adult_scored",
                    help="catalog table the predictions are written to")
     args = p.parse_args(argv)
-    # INFO for sparkdl's and this script's loggers only (py4j stays at WARNING, else it logs
-    # every connection it closes at exit)
-    logging.basicConfig(level=logging.WARNING, force=True,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    log = logging.getLogger("adult")
-    for name in ("sparkdl", "adult"):
-        logging.getLogger(name).setLevel(logging.INFO)
+    log = console_logging("adult")
     model_dir = storage_path(args.model_dir)
     if "://" not in model_dir and not os.path.isdir(model_dir):
         log.error("--model-dir %s: no saved PipelineModel there (the training job's "

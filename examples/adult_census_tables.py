@@ -26,7 +26,7 @@ from typing import Any
 
 # The network and its recipe: the Adult census pipeline example's (this folder is on the path
 # under python and spark-submit alike: the script's own folder).
-from adult_census_pipeline import adult_classifier
+from adult_census_pipeline import adult_classifier, console_logging
 
 ID_COL = "id"
 """The row id the prepared tables carry, kept in every predictions table to join on."""
@@ -139,13 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not 0.0 < args.holdout < 1.0:
         p.error(f"--holdout {args.holdout}: give a share between 0 and 1")
-    # INFO for sparkdl's and this script's loggers only (py4j stays at WARNING, else it logs
-    # every connection it closes at exit)
-    logging.basicConfig(level=logging.WARNING, force=True,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    log = logging.getLogger("adult")
-    for name in ("sparkdl", "adult"):
-        logging.getLogger(name).setLevel(logging.INFO)
+    log = console_logging("adult")
 
     from pyspark.ml import Pipeline
     from pyspark.ml.evaluation import (BinaryClassificationEvaluator,
