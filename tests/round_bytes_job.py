@@ -3,7 +3,8 @@ driver process on a master of its own with Spark's event log on (only one SparkC
 live in a process):
 
     python round_bytes_job.py MASTER OUT_DIR [--hidden N] [--partitions 2,4] [--optimizers
-        adam,sgd-momentum] [--iterations N] [--conf KEY=VALUE ...]
+        adam,sgd-momentum] [--iterations N] [--allreduce auto|shuffle|driver]
+        [--conf KEY=VALUE ...]
 
 Each fit (named ``<optimizer>-p<P>``) runs in its own job group and saves its weights as
 ``OUT_DIR/<name>.pt``; ``OUT_DIR/bytes.json`` holds, per fit, each round job's bytes the
@@ -59,6 +60,7 @@ def main() -> None:
     p.add_argument("--partitions", default="2,4")
     p.add_argument("--optimizers", default="adam,sgd-momentum")
     p.add_argument("--iterations", type=int, default=8)
+    p.add_argument("--allreduce", default="auto", help="DistriOptimizer's allreduce")
     p.add_argument("--conf", action="append", default=[], help="KEY=VALUE, a Spark setting")
     args = p.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -87,6 +89,7 @@ def main() -> None:
                                   torch.nn.CrossEntropyLoss(), make(net), batch_size=BATCH,
                                   seed=SEED, end_trigger=MaxIteration(args.iterations),
                                   progress_bar=False, local_steps=LOCAL_STEPS,
+                                  allreduce=args.allreduce,
                                   outer_optimizer="average")
             trained = opt.optimize()
             torch.save(trained.state_dict(), os.path.join(args.out, f"{key}.pt"))
