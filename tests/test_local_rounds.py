@@ -398,11 +398,15 @@ def test_a_task_failed_mid_round_gives_the_clean_runs_bits(clean_rounds, tmp_pat
 
 @pytest.mark.cluster
 def test_an_executor_killed_mid_round_gives_the_clean_runs_bits(clean_rounds, tmp_path):
+    """Killed in the second round (a worker's fifth loss: each partition's first round unpickles
+    the bundle afresh, the second goes on with a kept one): the partitions' optimizer states
+    that were on it are rebuilt from the first round's durable copies by replay."""
     marker = tmp_path / "fault"
     model, proc = _job(tmp_path, "local-cluster[2,1,1024]", "--fault", "executor", "--marker",
-                       str(marker))
+                       str(marker), "--fault-at-call", "5")
     assert marker.exists(), "no executor was killed"
     assert "executors=2" in proc.stdout
+    assert "rebuilding them from their durable copy and 1 round(s) since" in proc.stderr
     assert bitwise_equal(model, clean_rounds)
 
 
