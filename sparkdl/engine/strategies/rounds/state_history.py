@@ -16,7 +16,9 @@ weights, not P copies of the state). Where the copies go:
 3. else, on ``local[...]`` and ``local-cluster[...]`` masters, a temporary directory on the
    driver's machine (removed when the fit ends);
 4. else nowhere: the replay starts at the first round (from the fit's bundle), and the driver
-   keeps every round's weights, on its local disk.
+   keeps every round's weights.
+
+The driver keeps the rounds' weights in files on its local disk, read back memory-mapped.
 
 Example::
 
@@ -116,26 +118,31 @@ class StateHistory:
         new replay start."""
         if self.durable and spec.initial:       # the tasks copied their starting states
             self.durable_iteration = spec.iterations[0]
-            self.rounds = []
+            self._forget()
         self.rounds.append((spec, self._kept(spec, start)))
         self.round_index += 1
         if self.durable and self.round_index % self.every == 0:   # and their states after it
             previous = self.durable_iteration
             self.durable_iteration = spec.next_iteration
-            self.rounds = []
+            self._forget()
             if previous is not None:           # the copy before: no checkpoint needs it now
                 DurableStates(self.durable).drop_before(previous)
 
     def _kept(self, spec: RoundSpec, start: np.ndarray) -> Any:
-        """The weights kept for a replay: in memory with durable copies (at most K), else
-        memory-mapped from a file on the driver's disk."""
-        if self.durable:
-            return start.copy()
+        """The weights kept for a replay, in a file on the driver's disk (read back
+        memory-mapped): not K copies of the weights in the driver's memory."""
         if self._weights_dir is None:
             self._weights_dir = tempfile.mkdtemp(prefix="sparkdl-round-weights-")
         path = os.path.join(self._weights_dir, f"it-{spec.iterations[0]:010d}.npy")
         np.save(path, start)
         return path
+
+    def _forget(self) -> None:
+        """Drop the kept rounds (a durable copy covers them) and their weights' files."""
+        for _, kept in self.rounds:
+            if isinstance(kept, str) and os.path.exists(kept):
+                os.remove(kept)
+        self.rounds = []
 
     def replay(self) -> RoundReplay:
         """What rebuilds a partition's state at the next round's start."""
