@@ -4,7 +4,9 @@ naming the setting (sparkdl.engine.strategies.sync.pass_memory)."""
 
 from __future__ import annotations
 
+
 import contextlib
+import dataclasses
 import logging
 
 import pytest
@@ -107,6 +109,12 @@ def test_passes_are_cut_where_a_budget_would_be_exceeded(caplog):
         plan_passes([0, 7], [fits[0], big], limits)
     assert "fit 7 cannot train within spark.executor.pyspark.memory=100m" in str(err.value)
     assert "120.0 MiB" in str(err.value) and "nothing has run yet" in str(err.value)
+    # in local rounds a task also holds its partition's optimizer state, twice (the
+    # optimizer's own and the state file's): a 40 MiB Adam state makes 35 MiB into 115 MiB
+    adam = Footprint(10 << 20, 5 << 20, 40 << 20)
+    assert plan_passes([0], [adam], limits) == [[0]]
+    with pytest.raises(InvalidArgumentError, match="115.0 MiB"):
+        plan_passes([0], [dataclasses.replace(adam, rounds=True)], limits)
     # the driver's heap (80m: 10 MiB per job) bounds the driver path, hard: a fit whose every
     # partition's vector exceeds it is refused, naming the setting and the shuffle path
     heap = budgets({"spark.driver.memory": "80m"}.get, "driver", 2)

@@ -25,7 +25,7 @@ from sparkdl.runners.shard_placement import ShardPlacement
 from sparkdl.runners.slow_executors import SlowExecutors, SlowRule, TaskTiming
 from sparkdl.spark_settings import shard_replicas
 from test_local_cluster import HERE, run_job
-from test_stragglers import SIZES, run_with_slow_executor
+from test_stragglers import SIZES, SPECULATION, run_with_slow_executor
 
 A, B, C = "executor_h1_1", "executor_h2_2", "executor_h2_3"
 
@@ -179,6 +179,24 @@ def test_a_slow_executor_hands_its_partitions_to_the_replica_holders(sc, tmp_pat
         assert any("127.0.0.2_" in e for where in ran[:3] for e in where.values())
     assert "placement_misses=0" in stdout
     clean, _ = cluster_job.train(sc, iterations=iterations, sizes=SIZES)
+    assert bitwise_equal(model, clean)
+
+
+@pytest.mark.cluster
+def test_speculative_copies_of_rounds_on_replica_holders_give_the_clean_runs_bits(sc, tmp_path):
+    """Local rounds of 4 (Adam inside) with one executor's tasks 1 s slower, two holders per
+    shard and speculation: copies of the slow tasks start on the other holder, which reads the
+    partition's optimizer state from its durable copy (every round's, with speculation on);
+    the weights are bitwise the clean run's."""
+    iterations = 8
+    settings = dict(SPECULATION, **{"spark.sparkdl.roundStateDir": str(tmp_path / "states")})
+    model, stdout, stderr = run_with_slow_executor(
+        tmp_path, speculation=True, replicas=2, iterations=iterations, seconds=1.0,
+        settings=settings, extra=("--local-steps", "4", "--outer", "nesterov"))
+    assert "were retried by Spark" in stderr           # a copy (attempt 1) won a round
+    assert "rebuilding them from their durable copy" not in stderr
+    clean, _ = cluster_job.train(sc, iterations=iterations, sizes=SIZES, local_steps=4,
+                                 outer="nesterov")
     assert bitwise_equal(model, clean)
 
 

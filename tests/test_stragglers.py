@@ -46,12 +46,12 @@ def copies_started(tmp_path) -> int:
 
 def run_with_slow_executor(tmp_path, speculation: bool, slow: bool = True, replicas: int = 1,
                            iterations: int = ITERATIONS, seconds: float = 1.5, cores: int = 1,
-                           settings: dict[str, str] | None = None
-                           ) -> tuple[SmallNet, str, str]:
+                           settings: dict[str, str] | None = None,
+                           extra: tuple[str, ...] = ()) -> tuple[SmallNet, str, str]:
     """The cluster job on two workers of ``cores`` cores, worker1's tasks ``seconds`` slower
     (unless ``slow`` is false), each training shard held by ``replicas`` executors,
-    ``settings`` in place of :data:`SPECULATION` when given; returns the weights, stdout and
-    stderr."""
+    ``settings`` in place of :data:`SPECULATION` when given, ``extra`` arguments to the job;
+    returns the weights, stdout and stderr."""
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
                SPARK_NO_DAEMONIZE="1",
                PYTHONPATH=os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH"))
@@ -68,7 +68,7 @@ def run_with_slow_executor(tmp_path, speculation: bool, slow: bool = True, repli
             [sys.executable, os.path.join(HERE, "cluster_job.py"), cluster.url, str(out),
              "--iterations", str(iterations), "--sizes", ",".join(map(str, SIZES)),
              "--warm-executors", "2", "--slow-seconds", str(seconds),
-             *(["--slow-executor", "worker1"] if slow else []), *confs],
+             *(["--slow-executor", "worker1"] if slow else []), *confs, *extra],
             capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     finally:
         cluster.stop()

@@ -10,8 +10,9 @@ per-iteration scheduler stepped after every iteration, a per-epoch one after the
 that closes an epoch, on its own copy). A worker whose share of an iteration is empty makes no
 step there (its scheduler still steps). At the round's end it returns, through the AllReduce,
 ``(n_i / n) * (w_r - w_i)`` (``n_i``: the samples it took in the round, ``n``: all
-partitions'), its changed buffers (averaged by the same weights on the driver), and its
-optimizer's and scheduler's state, which the driver ships back next round.
+partitions'), its changed buffers (averaged by the same weights on the driver), and only
+scalars in its report: its optimizer's and scheduler's state stay where it ran, beside its
+shard (:mod:`sparkdl.executor.round_states`), for the partition's next round.
 
 A round's task is a pure function of the round's global weights, its partition's inner state
 at the round's start and its shard: a retried task, a task on another executor and a resumed
@@ -22,7 +23,7 @@ driver compute the same bits.
 
 Example::
 
-    vector, report = RoundTask(data_key, spec, bundle_bc, state_bc, inner_bcs).compute(p, shard)
+    vector, report = RoundTask(data_key, spec, bundle_bc, start_bc).compute(p, shard)
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import math
 import pickle
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -45,12 +46,14 @@ from .hop_task import HopBundle, optimizer_step, step_task_scheduler
 from .live_runs import LiveRuns, evict_finished
 from .process_memory import current_rss_bytes
 from .replicas import _REPLICAS, Replica, set_training_modes
+from .round_states import DurableStates, StateDir, load_state, save_state
 from .shard_store import Shard, open_shard
 from .step import TaskReport, seed_task, set_task_threads
 from .tasks import task_attempt
 from .worker_cache import WorkerCache, freeze_imports_once
 
-__all__ = ["RoundSpec", "RoundReport", "RoundTask", "train_round", "weighted_delta"]
+__all__ = ["RoundSpec", "RoundReport", "RoundReplay", "RoundTask", "train_round",
+           "weighted_delta"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,18 @@ class RoundSpec:
     scheduler_metric: bool = False   # the per-iteration scheduler's step takes the batch loss
     closure: bool = False            # the optimizer's step takes a closure (LBFGS)
     sub_replicas: int = 1            # what a pass's task reads of a step (always one here)
+    fit_key: str = ""                # names the fit's states beside the shards
+    round_index: int = 0             # the fit's rounds before this one
+    initial: bool = False            # the first round: every partition starts from the bundle's
+    durable: str = ""                # where the first round's starting states and every
+    every: int = 0                   # ``every``-th round's states after it are copied ("": none)
+    stateless: tuple[int, ...] = ()  # partitions without samples in the fit: no state kept
+    lrs: tuple[float, ...] | None = None   # the learning rates a driver-side scheduler set
+
+    @property
+    def next_iteration(self) -> int:
+        """The first iteration of the partition's next round (where its state is kept)."""
+        return self.iterations[-1] + 1
 
     @property
     def total(self) -> int:
@@ -88,7 +103,8 @@ class RoundSpec:
 class RoundReport(TaskReport):
     """A round task's report: a :class:`~sparkdl.executor.step.TaskReport` (``count``: its
     samples in the round) with each iteration's loss sum and rows, its optimizer steps, what
-    was not finite, and its inner state after the round (pickled)."""
+    was not finite, and whether its inner state at the round's start was not found where it
+    ran (``missing_state``: the driver has it rebuilt, :class:`RoundReplay`)."""
 
     loss_sums: list[float] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)
@@ -99,7 +115,18 @@ class RoundReport(TaskReport):
     cpu_s: float = 0.0        # its thread's CPU seconds over compute_s (less than compute_s:
     # it waited for a core, the JVM's or another task's)
     nonfinite: str | None = None
-    inner_state: bytes | None = None
+    missing_state: bool = False
+
+
+@dataclass(frozen=True)
+class RoundReplay:
+    """How a task rebuilds a partition's state that is not where it runs: from the durable
+    copy at ``iteration`` (``from_bundle``: the bundle's own state, the first round's), the
+    fit's ``rounds`` since, each its spec and its global start weights."""
+
+    iteration: int
+    from_bundle: bool
+    rounds: Sequence[tuple[RoundSpec, np.ndarray]]
 
 
 def weighted_delta(model: torch.nn.Module, layout: Any, start: np.ndarray, weight: float
@@ -160,7 +187,7 @@ def round_model(bundle_bytes: bytes | Callable[[], bytes], device: str, run_key:
     :class:`~sparkdl.executor.hop_task.HopBundle`, or a function that reads it; ``kept``: the
     cache (default: this worker's replicas')."""
     cache = _REPLICAS if kept is None else kept
-    key = (run_key, device, "round")
+    key = (run_key, device, "round")    # a first round (no state to load) unpickles afresh
     if run_key is not None and resumes:
         found = cache.get(key)
         if found is not None:
@@ -168,27 +195,31 @@ def round_model(bundle_bytes: bytes | Callable[[], bytes], device: str, run_key:
     raw = bundle_bytes() if callable(bundle_bytes) else bundle_bytes
     bundle: HopBundle = pickle.loads(raw)
     made = (bundle, Replica(bundle.spec, device))
-    if run_key is not None and resumes and restores_fully(bundle):
-        cache.put(key, made)
+    if run_key is not None and restores_fully(bundle):
+        cache.put(key, made)        # a first round's too: the next rounds load their state
     return made
 
 
 def train_round(spec: RoundSpec, partition: int, shard: Shard | None,
                 bundle_bytes: bytes | Callable[[], bytes], start: np.ndarray | bytes,
-                inner_state: bytes | None, device: str = "cpu", run_key: str | None = None,
-                kept: WorkerCache | None = None) -> tuple[np.ndarray | None, RoundReport]:
+                inner_state: dict[str, Any] | None, device: str = "cpu",
+                run_key: str | None = None, kept: WorkerCache | None = None,
+                started: Callable[[dict[str, Any]], None] | None = None
+                ) -> tuple[np.ndarray | None, RoundReport, dict[str, Any] | None]:
     """Partition ``partition``'s round (see the module docstring): the weighted delta vector
-    (None when the partition took no sample) and its report. ``bundle_bytes``: the fit's
-    pickled :class:`~sparkdl.executor.hop_task.HopBundle`; ``start``: the round's state
-    vector; ``inner_state``: the pickled (optimizer, scheduler) state dicts at the round's
-    start (None: the bundle's own); ``run_key``: the run's, to keep the model in this worker
-    between rounds (:func:`round_model`, in ``kept``)."""
+    (None when the partition took no sample), its report and its inner state after the round
+    (None after a non-finite loss). ``bundle_bytes``: the fit's pickled
+    :class:`~sparkdl.executor.hop_task.HopBundle`; ``start``: the round's state vector;
+    ``inner_state``: ``{"optimizer": ..., "scheduler": ...}`` state dicts at the round's start
+    (None: the bundle's own); ``run_key``: the run's, to keep the model in this worker between
+    rounds (:func:`round_model`, in ``kept``); ``started``: called with the state the round
+    starts from (its durable copy)."""
     report = RoundReport(partition=partition, attempt=task_attempt(), started_at=time.time())
     count = int(spec.counts[partition])
     report.count = count
     if count and shard is None:
         report.missing_shard = True
-        return None, report
+        return None, report, None
     t0, c0 = time.perf_counter(), time.thread_time()
     if isinstance(start, (bytes, bytearray)):       # as a broadcast carries it
         start = np.frombuffer(start, dtype=np.uint8)
@@ -197,10 +228,15 @@ def train_round(spec: RoundSpec, partition: int, shard: Shard | None,
     layout = replica.layout
     layout.load_state(model, start)
     if inner_state is not None:
-        optimizer_state, scheduler_state = pickle.loads(inner_state)
-        optimizer.load_state_dict(optimizer_state)
-        if scheduler is not None and scheduler_state is not None:
-            scheduler.load_state_dict(scheduler_state)
+        optimizer.load_state_dict(inner_state["optimizer"])
+        if scheduler is not None and inner_state.get("scheduler") is not None:
+            scheduler.load_state_dict(inner_state["scheduler"])
+    if spec.lrs is not None:
+        for group, lr in zip(optimizer.param_groups, spec.lrs):
+            group["lr"] = lr
+    if started is not None:
+        started(inner_state if inner_state is not None and spec.lrs is None
+                else _inner_state(optimizer, scheduler))
     set_training_modes(model, replica.train_modes)
     for j, iteration in enumerate(spec.iterations):
         rows = int(spec.shares[j, partition])
@@ -235,10 +271,8 @@ def train_round(spec: RoundSpec, partition: int, shard: Shard | None,
     if report.nonfinite is not None:
         report.compute_s, report.cpu_s = time.perf_counter() - t0, time.thread_time() - c0
         report.finished_at = time.time()
-        return None, report
-    report.inner_state = pickle.dumps(
-        (optimizer.state_dict(), scheduler.state_dict() if scheduler is not None else None),
-        protocol=pickle.HIGHEST_PROTOCOL)
+        return None, report, None
+    after = _inner_state(optimizer, scheduler)
     vector: np.ndarray | None = None
     if count:
         vector, report.grad_present = weighted_delta(model, layout, start, count / spec.total)
@@ -248,7 +282,13 @@ def train_round(spec: RoundSpec, partition: int, shard: Shard | None,
             p.grad = None
     report.compute_s, report.cpu_s = time.perf_counter() - t0, time.thread_time() - c0
     report.finished_at = time.time()
-    return vector, report
+    return vector, report, after
+
+
+def _inner_state(optimizer: Any, scheduler: Any) -> dict[str, Any]:
+    """The optimizer's and scheduler's state dicts as a state file holds them."""
+    return {"optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict() if scheduler is not None else None}
 
 
 def all_finite(value: torch.Tensor) -> bool:
@@ -279,35 +319,60 @@ def _inner_step(spec: RoundSpec, j: int, partition: int, shard: Shard, replica: 
 class RoundTask:
     """A round's map side for the AllReduce: ``(partition, summary) -> (vector or None,
     RoundReport)``. ``bundle``: a broadcast of the fit's pickled HopBundle (shipped once per
-    fit); ``start``: a broadcast of the round's state vector; ``inner``: by partition, a
-    broadcast of its pickled inner state (each task reads only its own)."""
+    fit); ``start``: a broadcast of the round's state vector; ``replay``: a broadcast of a
+    :class:`RoundReplay` when a partition's state has to be rebuilt (None: every task reads
+    its own beside its shard, :mod:`sparkdl.executor.round_states`)."""
 
     data_key: str
     step: RoundSpec
     bundle: Any
     start: Any
-    inner: dict[int, Any]
+    replay: Any = None
     live: LiveRuns | None = None
     run_key: str | None = None      # the run's: its model kept in the worker between rounds
     kept: Any = None                # where (None: the worker's replicas; in process: the fit's)
+    state_root: str | None = None   # where states are kept (None: beside this executor's shards)
 
     def __call__(self, partition: int, summary: Any) -> tuple[np.ndarray | None, RoundReport]:
         evict_finished(self.live)
         freeze_imports_once()
         return self.compute(partition, open_shard(self.data_key, partition)
-                            if int(self.step.counts[partition]) else None)
+                            if partition not in self.step.stateless else None)
 
     def compute(self, partition: int, shard: Any) -> tuple[np.ndarray | None, RoundReport]:
         """The round on ``shard`` (None: not here, a missing shard when it has samples). A
         permanent sparkdl error is reported, not raised (as a gradient task's)."""
+        spec = self.step
         try:
             set_task_threads()
-            choice = task_device(self.step.device)
-            inner = self.inner.get(partition)
-            vector, report = train_round(
-                self.step, partition, shard, lambda: _value(self.bundle), _start(self.start),
-                None if inner is None else _value(inner), choice.device, self.run_key,
-                self.kept)
+            choice = task_device(spec.device)
+            bundle = lambda: _value(self.bundle)    # noqa: E731
+            keeps = partition not in spec.stateless
+            here = StateDir(self.data_key, spec.fit_key, partition, self.state_root)
+            state: dict[str, Any] | None = None
+            if keeps and not spec.initial:
+                state = load_state(here.path(spec.iterations[0]))
+                if state is None and spec.durable:     # copied where checkpoints go
+                    state = DurableStates(spec.durable).load(spec.iterations[0], partition)
+                if state is None:
+                    if self.replay is None:
+                        return None, RoundReport(partition=partition, attempt=task_attempt(),
+                                                 missing_state=True)
+                    state, missing = self._replayed(partition, shard, bundle, choice.device)
+                    if missing is not None:
+                        return None, missing
+            copy = DurableStates(spec.durable) if keeps and spec.durable else None
+            started = None if copy is None or not spec.initial else (   # the replays' start
+                lambda s: None if copy.has(spec.iterations[0], partition)
+                else copy.save(spec.iterations[0], partition, s))
+            vector, report, after = train_round(
+                spec, partition, shard, bundle, _start(self.start), state, choice.device,
+                self.run_key, self.kept, started)
+            if keeps and after is not None:
+                save_state(here.path(spec.next_iteration), after)
+                here.drop_before(spec.iterations[0])   # the rounds before this one committed
+                if copy is not None and spec.every and (spec.round_index + 1) % spec.every == 0:
+                    copy.save(spec.next_iteration, partition, after)
         except SparkdlError as exc:
             fatal = permanent_report(exc)
             if fatal is None:
@@ -316,6 +381,30 @@ class RoundTask:
         report.device = f"{choice.device} ({choice.reason})"
         report.executor = executor_location()
         return vector, report
+
+    def _replayed(self, partition: int, shard: Any, bundle: Callable[[], bytes], device: str
+                  ) -> tuple[dict[str, Any] | None, RoundReport | None]:
+        """The partition's state at this round's start rebuilt: its durable copy, then the
+        rounds since replayed with their global weights (each a pure function of them, the
+        state and the shard: the same bits). A missing shard is reported."""
+        plan: RoundReplay = _value(self.replay)
+        state: dict[str, Any] | None = None
+        if not plan.from_bundle:
+            state = DurableStates(self.step.durable).load(plan.iteration, partition)
+            if state is None:
+                raise SparkdlError(
+                    f"partition {partition}'s durable round state at iteration "
+                    f"{plan.iteration + 1} is missing under {self.step.durable}: its rounds "
+                    "cannot be replayed (was the directory cleaned during the fit?)")
+        for past, weights in plan.rounds:
+            _, report, state = train_round(past, partition, shard, bundle, weights, state,
+                                           device)
+            if report.missing_shard:
+                return None, report
+            if state is None:
+                raise SparkdlError(f"partition {partition}: replaying the round starting at "
+                                   f"iteration {past.iterations[0] + 1} did not end finite")
+        return state, None
 
 
 def _start(held: Any) -> Any:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import pickle
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
@@ -110,6 +112,14 @@ class _Fit:
     precision: str
     publisher: RefreshPublisher
     round_models: WorkerCache = field(default_factory=lambda: WorkerCache(1, freeze=False))
+    states: str | None = None
+
+    def state_root(self) -> str:
+        """Where its local rounds' partitions keep their inner states (a private directory of
+        this process, removed when the fit closes)."""
+        if self.states is None:
+            self.states = tempfile.mkdtemp(prefix="sparkdl-round-states-")
+        return self.states
 
     def replica(self, sub: int = 0) -> Replica:
         if sub not in self.replicas:      # another copy, as a worker unpickles it
@@ -230,8 +240,9 @@ class InProcessRunner(GradientRunner, HopRunner, RoundRunner):
         partition order (see :meth:`sparkdl.runners.spark_rdd.SparkRddRunner.rounds_together`)."""
         submitted_at = time.time()
         fits = [self._fits[entry.fit] for entry in entries]
-        tasks = [RoundTask("", entry.spec, entry.bundle, entry.start, dict(entry.inner),
-                           run_key="in-process", kept=fit.round_models)
+        tasks = [RoundTask("", entry.spec, entry.bundle, entry.start, entry.replay,
+                           run_key="in-process", kept=fit.round_models,
+                           state_root=fit.state_root())
                  for entry, fit in zip(entries, fits)]
         reports: list[list[Any]] = [[] for _ in entries]
         parts: list[list[Any]] = [[] for _ in entries]
@@ -261,6 +272,8 @@ class InProcessRunner(GradientRunner, HopRunner, RoundRunner):
         one = self._fits.pop(fit, None)
         if one is not None:
             one.publisher.close()
+            if one.states is not None:
+                shutil.rmtree(one.states, ignore_errors=True)
 
     def close(self) -> None:
         for number in list(self._fits):

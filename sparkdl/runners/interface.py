@@ -178,14 +178,15 @@ class HopRunner(Protocol):
 class RoundEntry:
     """One fit's local round in a round job: the fit's number on the runner, the round's
     :class:`~sparkdl.executor.round_task.RoundSpec`, the round's state vector (``start``),
-    each partition's pickled inner state (``inner``, by partition) and the fit's pickled
-    bundle (model, optimizer, scheduler, clipping; the same bytes every round of the fit)."""
+    the fit's pickled bundle (model, optimizer, scheduler, clipping; the same bytes every round
+    of the fit) and, when partitions' inner states have to be rebuilt, the
+    :class:`~sparkdl.executor.round_task.RoundReplay` that rebuilds them (``replay``)."""
 
     fit: int
     spec: Any
     start: np.ndarray
-    inner: dict[int, bytes]
     bundle: bytes
+    replay: Any = None
 
 
 @runtime_checkable

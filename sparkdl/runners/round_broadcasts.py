@@ -1,7 +1,8 @@
 """What a local round ships to its tasks on a SparkContext (driver side): each fit's bundle
-(model, optimizer, scheduler, clipping) once, each round's weights and every partition's
-optimizer state in a broadcast of its own, so that a task reads only its partition's
-(:mod:`sparkdl.engine.strategies.rounds`).
+(model, optimizer, scheduler, clipping) once, each round's weights in one broadcast, and, only
+when a partition's state has to be rebuilt, the replay's weights
+(:mod:`sparkdl.engine.strategies.rounds`). The partitions' optimizer states never pass
+through the driver: they stay beside the shards (:mod:`sparkdl.executor.round_states`).
 
 Under ``spark.io.encryption.enabled`` everything is broadcast as bytes: pyspark's encrypted
 broadcast cannot write the buffers a numpy array pickles into; otherwise the weights go as the
@@ -46,10 +47,10 @@ class RoundBroadcasts:
                 self._bundles[entry.fit] = broadcast(entry.bundle)
             start = broadcast(entry.start.tobytes() if self.sc._encryption_enabled
                               else entry.start)    # no copy: pieces or a file take the array
-            inner = {p: broadcast(state) for p, state in entry.inner.items()}
-            held += [start] + list(inner.values())
+            replay = None if entry.replay is None else broadcast(entry.replay)
+            held += [start] + ([] if replay is None else [replay])
             tasks.append(RoundTask(data_key, entry.spec, self._bundles[entry.fit], start,
-                                   inner, live=live, run_key=run_key))
+                                   replay, live=live, run_key=run_key))
         return tasks, held
 
     @staticmethod

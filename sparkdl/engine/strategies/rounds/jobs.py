@@ -10,13 +10,16 @@ order; the driver puts the sum into ``p.grad`` of the round's weights, averages 
 the same weights (:func:`sparkdl.transport.flat_layout.combine_buffers`) and steps the outer
 optimizer.
 
-Where the inner states live: on the driver. Each task gets its partition's optimizer and
-scheduler state in a broadcast of its own (a task reads only its own) and returns the new one
-with its report. So a round's task is a pure function of the round's weights, its inner state
-and its shard: a retried task, a lost executor (the round runs again from the same states) and
-a driver resumed from a checkpoint (which holds every partition's inner state and the outer
-optimizer's) give the same bits, at no extra cost. What it costs: each round moves every
-partition's optimizer state to its task and back (bench/RESULTS.md, local rounds).
+Where the inner states live: beside the shards. Each partition's optimizer and scheduler state
+stays on the executor that ran its task (:mod:`sparkdl.executor.round_states`), versioned by
+the round's first iteration; the driver ships each round its weights (one broadcast) and gets
+back the AllReduce's sums and the tasks' scalars, whatever the partitions and the optimizer. A
+round's task is a pure function of the round's weights, its inner state and its shard, so a
+retried or speculative task reads the same state (kept until the next round commits). A
+partition whose state is not where its task ran (a lost executor, a placement miss, a resumed
+driver) is rebuilt by replay from the last durable copy, which the tasks write every K rounds
+where checkpoints go, with the rounds' weights that the driver keeps since
+(:mod:`.state_history`); a checkpoint names those copies and holds those weights.
 
 The fit's iteration stays the unit of its record: each of a round's iterations gets a record
 (the union of the partitions' shares, its loss the inner steps' mean weighted by rows). Its
@@ -33,9 +36,9 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-import pickle
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -64,6 +67,7 @@ from ...fit.optim.outer_optimizer import outer_optimizer
 from ..sync.pass_jobs import PassJobs
 from ..sync.step import SyncStep
 from .schedule import ends_a_round, in_warmup, longest_round, round_end, round_start
+from .state_history import StateHistory
 
 __all__ = ["RoundSettings", "RoundMember", "RoundsJobs"]
 
@@ -90,9 +94,11 @@ class RoundMember:
         self.spec = spec
         self.settings = settings
         self.sync = SyncStep(ctx, lifecycle)
-        self.inner: dict[int, bytes] = {}
-        """Each partition's pickled (optimizer, scheduler) state at the next round's start
-        (empty before the first round)."""
+        self.history: StateHistory | None = None
+        """Where the partitions' states are durable and the rounds since (set at start)."""
+        self.lrs: tuple[float, ...] | None = None
+        """Learning rates a driver-side scheduler set for the partitions' next round."""
+        self.replay_next = False      # rebuild every partition's state in the next round
         self.outer: Any = None
         self._bundle: bytes | None = None
         self._planned = planned_iterations(ctx.end_trigger, ctx.plan.iterations_per_epoch)
@@ -107,9 +113,19 @@ class RoundMember:
         self._tell_round_lengths()
         self.outer = outer_optimizer(self.settings.outer, [
             p for p in ctx.model.parameters() if p.requires_grad])
+        self.history = StateHistory.for_fit(ctx)
         resumed = ctx.resumed_strategy_state
         if resumed is not None:
-            self.inner = dict(resumed["inner"])
+            if "inner" in resumed:
+                raise CheckpointError(
+                    "This rounds checkpoint keeps the partitions' optimizer states as pickled "
+                    "bytes (written by an older sparkdl); resuming it would unpickle what the "
+                    "checkpoint directory holds. Start the fit in a new checkpoint directory.")
+            if resumed.get("history") is not None:
+                self.history.load_state_dict(resumed["history"])
+                self.replay_next = self.history.round_index > 0
+            lrs = resumed.get("lrs")
+            self.lrs = None if lrs is None else tuple(float(v) for v in lrs)
             if resumed.get("outer") is not None:
                 self.outer.load_state_dict(resumed["outer"])
             ctx.resumed_strategy_state = None
@@ -166,11 +182,16 @@ class RoundMember:
 
     def close(self) -> None:
         self.sync.close()
+        if self.history is not None:
+            self.history.close()
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the rounds: every partition's inner state and the outer
-        optimizer's (taken at a round's end)."""
-        return {"inner": dict(self.inner),
+        """What a checkpoint keeps of the rounds (tensors and plain values, taken at a round's
+        end): where the partitions' states are durable and the rounds since
+        (:class:`.state_history.StateHistory`), the learning rates set for the next round and
+        the outer optimizer's state."""
+        return {"history": self.history.state_dict() if self.history is not None else None,
+                "lrs": None if self.lrs is None else list(self.lrs),
                 "outer": self.outer.state_dict() if self.outer is not None else None}
 
     @property
@@ -188,13 +209,7 @@ class RoundMember:
         end = round_end(first, plan.iterations_per_epoch, self.settings.local_steps,
                         self.settings.warmup, self._planned)
         counts_all = [s.count for s in ctx.train.summaries]
-        if not self.inner:           # the first round: every partition starts from the
-            state = pickle.dumps((ctx.optimizer.state_dict(),     # synchronous optimizer
-                                  ctx.lr_scheduler.state_dict()
-                                  if ctx.lr_scheduler is not None else None),
-                                 protocol=pickle.HIGHEST_PROTOCOL)
-            self.inner = {p: state for p, n in enumerate(counts_all) if n}
-        if self._bundle is None:
+        if self._bundle is None:     # the first round's partitions start from its optimizer
             from pyspark import cloudpickle
 
             self._bundle = cloudpickle.dumps(HopBundle(
@@ -217,9 +232,26 @@ class RoundMember:
             ctx.settings.micro_batch_size, options.precision, options.device, scheduler,
             scheduler == "iteration" and scheduler_needs_metric(ctx.lr_scheduler),
             needs_closure(ctx.optimizer))
+        assert self.history is not None
+        spec = dataclasses.replace(
+            self.history.stamp(spec), lrs=self.lrs,
+            stateless=tuple(p for p, n in enumerate(counts_all) if not n))
         self._start_vector = ctx.layout.state_vector(ctx.model)
         self._spec = spec
-        return RoundEntry(fit, spec, self._start_vector, dict(self.inner), self._bundle)
+        return RoundEntry(fit, spec, self._start_vector, self._bundle,
+                          self.history.replay() if self.replay_next else None)
+
+    def lost_states(self, result: AllReduceResult) -> list[int]:
+        """The partitions whose state was not where their task ran; the next attempt of the
+        round rebuilds them (:meth:`request` then ships the replay)."""
+        lost = [r.partition for r in result.reports if getattr(r, "missing_state", False)]
+        if lost:
+            log.warning("%s: the optimizer states of partitions %s were not on the executors "
+                        "that ran them; rebuilding them from their durable copy and %d "
+                        "round(s) since", self.job_name(), lost,
+                        len(self.history.rounds) if self.history is not None else 0)
+            self.replay_next = True
+        return lost
 
     def job_name(self) -> str:
         spec = self._spec
@@ -239,12 +271,13 @@ class RoundMember:
             log.warning("%s: tasks of partitions %s were retried by Spark; the result is "
                         "unchanged (each starts from the round's weights and its inner state)",
                         what, retried)
-        for r in result.reports:
-            if r.inner_state is not None:
-                self.inner[r.partition] = r.inner_state
         if result.vector is None:
             raise SparkdlError(f"{what}: no partition trained in the round")
         t_update = time.perf_counter()
+        assert self.history is not None
+        self.history.committed(self._spec, self._start_vector)
+        self.replay_next = False
+        self.lrs = None
         with one_update_thread():
             self._outer_step(result)
         update_s = time.perf_counter() - t_update
@@ -277,7 +310,8 @@ class RoundMember:
     def _finish(self, result: AllReduceResult, job_s: float, update_s: float) -> bool:
         ctx, life, spec = self.ctx, self.lifecycle, self._spec
         reports = [r for r in result.reports if getattr(r, "loss_sums", None)]
-        lrs = reports[0].lrs if reports and reports[0].lrs else []
+        trained = [r for r in reports if r.partition not in spec.stateless]
+        lrs = trained[0].lrs if trained and trained[0].lrs else []
         share = job_s / len(spec.iterations)
         compute = max((r.compute_s for r in result.reports), default=0.0) / len(spec.iterations)
         passed: list[TrainingState] = []
@@ -315,15 +349,9 @@ class RoundMember:
         return False
 
     def _push_learning_rates(self) -> None:
-        """A metric scheduler stepped on the driver: its learning rates into every
-        partition's optimizer state."""
-        lrs = [group["lr"] for group in self.ctx.optimizer.param_groups]
-        for p, state in list(self.inner.items()):
-            optimizer_state, scheduler_state = pickle.loads(state)
-            for group, lr in zip(optimizer_state["param_groups"], lrs):
-                group["lr"] = lr
-            self.inner[p] = pickle.dumps((optimizer_state, scheduler_state),
-                                         protocol=pickle.HIGHEST_PROTOCOL)
+        """A metric scheduler stepped on the driver: its learning rates go into every
+        partition's optimizer at the next round's start (the round's spec carries them)."""
+        self.lrs = tuple(float(group["lr"]) for group in self.ctx.optimizer.param_groups)
 
 
 class RoundsJobs:
@@ -364,7 +392,15 @@ class RoundsJobs:
         entries = [self.members[k].request(view.fit) for k, view in zip(active, views)]
         what = (first.job_name() if len(active) == 1 else
                 f"the pass's round job {self._rounds} ({len(active)} fits)")
-        results = run_with_recovery(
-            views[0], first.ctx.train, lambda: runner.rounds_together(first.ctx.train, entries),
-            lambda rs: sorted({p for r in rs for p in r.missing_partitions}), what)
-        return results, time.perf_counter() - t0
+        for _ in range(2):     # a second time when partitions' states had to be rebuilt
+            results = run_with_recovery(
+                views[0], first.ctx.train,
+                lambda: runner.rounds_together(first.ctx.train, entries),
+                lambda rs: sorted({p for r in rs for p in r.missing_partitions}), what)
+            lost = [k for k, result in zip(active, results)
+                    if self.members[k].lost_states(result)]
+            if not lost:
+                return results, time.perf_counter() - t0
+            entries = [self.members[k].request(view.fit) for k, view in zip(active, views)]
+        raise SparkdlError(f"{what}: the partitions' optimizer states were lost again while "
+                           "they were rebuilt")

@@ -4,7 +4,9 @@ before any job).
 A pass (:mod:`sparkdl.engine.fit_set`) holds every one of its fits at once:
 
 * in each task's Python worker: each fit's replica (weights and gradients) and the pass's vector,
-  every fit's gradients one after another, once as numpy values and once pickled for Spark;
+  every fit's gradients one after another, once as numpy values and once pickled for Spark; for
+  a fit in local rounds also its optimizer's state, twice (the optimizer's own, and the
+  partition's state read from or written beside its shard: it never reaches the driver);
 * at the driver, each iteration: the task results of that vector (one per partition on the
   driver AllReduce path, the reduced blocks once on the shuffle path), through the driver's JVM;
 * at the driver, in Python: every fit's weights, gradient vector and optimizer state.
@@ -74,11 +76,15 @@ class Footprint:
     weights: int
     vector: int
     optimizer_state: int
+    rounds: bool = False      # trained in local rounds: its optimizer runs in the tasks
 
     def worker_bytes(self) -> int:
         """What the fit adds to a task's Python worker in a pass: its replica's weights and
-        gradients, and its part of the pass's vector as numpy values and pickled."""
-        return 2 * self.weights + 3 * self.vector
+        gradients, and its part of the pass's vector as numpy values and pickled; in local
+        rounds also its optimizer's state twice (the optimizer's own, and the partition's
+        state as it is read from and written beside the shard)."""
+        return (2 * self.weights + 3 * self.vector +
+                (2 * self.optimizer_state if self.rounds else 0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,8 +140,10 @@ def _slots(kind: str, group: dict[str, Any]) -> int:
 def footprint(fit: Any, layout: ParamLayout) -> Footprint:
     """``fit``'s (a :class:`sparkdl.DistriOptimizer`) bytes, ``layout``: its model's."""
     vector = layout.size * layout.numpy_dtype.itemsize
-    return Footprint(layout.state_bytes, vector,
-                     _optimizer_state_bytes(fit.optimizer))
+    rounds = (getattr(fit, "local_steps", 1) > 1 or
+              getattr(fit, "outer_optimizer", None) is not None)
+    return Footprint(layout.state_bytes, vector, _optimizer_state_bytes(fit.optimizer),
+                     rounds)
 
 
 def _intake(path: str, num_partitions: int, job_bytes: int | None
