@@ -161,7 +161,7 @@ def test_executors_join_and_leave_under_dynamic_allocation(sc, tmp_path):
                 stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=tmp_path)
             try:
                 _wait_for("training to start",
-                          lambda: "iteration 3 (" in err_path.read_text() or
+                          lambda: " sparkdl.progress " in err_path.read_text() or
                           driver.poll() is not None)
                 cluster.add_worker(2)
                 # an executor launched on the new worker and took tasks (it holds shards);
