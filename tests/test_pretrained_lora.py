@@ -234,3 +234,38 @@ def test_base_identity_follows_content_not_path(bases, tmp_path):
         changed.classifier.bias.add_(1e-3)       # a small tensor: read whole
     changed.save_pretrained(copy_dir)
     assert base_identity(str(copy_dir)) != base_identity(bases["bert"])
+
+
+@pytest.mark.cluster
+def test_lora_fit_is_bitwise_through_a_failed_task_and_a_killed_executor(bases, tmp_path):
+    """On local-cluster (two executors): a failed task and a killed executor in one fit give the
+    undisturbed fit's adapters bitwise; the replacement executor loads the base itself, the
+    surviving one keeps its cached base (which of the two trains after the kill is Spark's
+    choice)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    markers, out = tmp_path / "markers", tmp_path / "trained.pt"
+    markers.mkdir()
+    job = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lora_cluster_job.py")
+    proc = subprocess.run([sys.executable, job, "local-cluster[2,1,1024]", bases["llama"],
+                           str(out), str(markers)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert (markers / "task").exists() and (markers / "executor").exists()
+    assert "were retried by Spark" in proc.stderr
+    assert "rebuilding all 4 of them from the RDD lineage" in proc.stderr
+    printed = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+    clean, faulted = json.loads(printed["clean_loads"]), json.loads(printed["faulted_loads"])
+    assert sorted(clean.values()) == [1, 1], clean
+    survivors, replacements = set(faulted) & set(clean), set(faulted) - set(clean)
+    assert len(survivors) == 1 and len(replacements) == 1, (clean, faulted)
+    # the survivor kept its base; the replacement loaded it itself if it trained, else not at all
+    ran = set(json.loads(printed["task_executors"]))
+    assert set(clean) <= ran and ran <= set(clean) | replacements, (ran, clean, faulted)
+    assert faulted == {e: int(e in ran) for e in faulted}, (ran, faulted)
+    assert printed["iterations"] == "6"
+    trained = torch.load(out, weights_only=True)
+    assert trained["clean"].keys() == trained["faulted"].keys()
+    assert all(torch.equal(trained["clean"][k], trained["faulted"][k]) for k in trained["clean"])
