@@ -121,10 +121,10 @@ def test_lora_fit_equals_single_process_peft_with_the_base_off_the_driver(sc, ba
     assert changed == set(start)
 
 
-def test_nnclassifier_lora_fit_is_the_engine_fit_and_transform_reads_the_adapters(spark, bases):
-    """NNClassifier(model=PretrainedModel(...)) on columns of token ids: bitwise the engine's
-    fit on the same rows (one partition each), the driver's base on the meta device, and
-    transform's probabilities those of the single-process reference model."""
+@pytest.fixture(scope="module")
+def bert_fit(spark, bases):
+    """NNClassifier(model=PretrainedModel(...)) fitted on columns of token ids (one partition),
+    with the DataFrame and its arrays."""
     from sparkdl import NNClassifier
 
     ids, mask, labels, _ = token_rows(36, seed=3)
@@ -135,8 +135,29 @@ def test_nnclassifier_lora_fit_is_the_engine_fit_and_transform_reads_the_adapter
                        inputCols=["input_ids", "attention_mask"], labelCol="label",
                        optimizer="adamw", learningRate=0.01, batchSize=12, maxEpoch=1, seed=2,
                        progressBar=False, numTrainWorkers=1)
-    fitted = clf.fit(df)
+    return clf.fit(df), df, ids, mask, labels
+
+
+def probabilities(model, df):
+    return np.stack(model.transform(df).select("probability").toPandas()["probability"]
+                    .map(lambda v: v.toArray()))
+
+
+def peft_probabilities(model, ids, mask):
+    model.eval()
+    with torch.no_grad():
+        return torch.softmax(model(torch.from_numpy(ids), torch.from_numpy(mask)).logits,
+                             -1).numpy()
+
+
+def test_nnclassifier_lora_fit_is_the_engine_fit_and_transform_reads_the_adapters(bert_fit,
+                                                                                  bases):
+    """NNClassifier(model=PretrainedModel(...)) on columns of token ids: within 1e-5 of the
+    single-process reference on the same union batches, the driver's base on the meta device,
+    and transform's probabilities those of the reference model."""
+    fitted, df, ids, mask, labels = bert_fit
     model = fitted.module
+    step = huggingface_step(("input_ids", "attention_mask"))
     assert all(p.is_meta for p in model.parameters() if not p.requires_grad)
     expected = single_process(bert_model(bases["bert"]), 2)
     plan = BatchPlan([36], 12, 2, True)
@@ -146,12 +167,80 @@ def test_nnclassifier_lora_fit_is_the_engine_fit_and_transform_reads_the_adapter
     after = dict(expected.named_parameters())
     for name, value in trained_values(model).items():
         assert float((value - after[name].detach()).abs().max()) <= TOL, name
-    got = np.stack(fitted.transform(df).select("probability").toPandas()["probability"]
-                   .map(lambda v: v.toArray()))
-    expected.eval()
-    with torch.no_grad():
-        logits = expected(torch.from_numpy(ids), torch.from_numpy(mask)).logits
-    assert np.abs(got - torch.softmax(logits, -1).numpy()).max() <= 1e-5
+    got = probabilities(fitted, df)
+    assert np.abs(got - peft_probabilities(expected, ids, mask)).max() <= 1e-5
+
+
+def test_a_saved_lora_fit_is_its_adapter_and_loads_back_to_the_same_predictions(
+        bert_fit, bases, tmp_path):
+    """save writes peft's adapter files and the base's reference (no base weights);
+    NNClassifierModel.load, PeftModel.from_pretrained of the saved directory, transform of the
+    loaded model and the merged model predict the same."""
+    import json
+    import os
+
+    from transformers import BertForSequenceClassification
+
+    from sparkdl import NNClassifierModel
+    from sparkdl.storage.pretrained_files import base_identity
+
+    fitted, df, ids, mask, _ = bert_fit
+    saved = str(tmp_path / "saved")
+    fitted.write().save(saved)
+    names = set(os.listdir(saved))
+    assert {"adapter_config.json", "adapter_model.safetensors", "sparkdl_base.json"} <= names
+    assert "weights.pt" not in names
+    base_bytes = os.path.getsize(os.path.join(bases["bert"], "model.safetensors"))
+    assert os.path.getsize(os.path.join(saved, "adapter_model.safetensors")) < base_bytes / 3
+    reference_ = json.load(open(os.path.join(saved, "sparkdl_base.json")))
+    assert reference_["path"] == bases["bert"]
+    assert reference_["identity"] == base_identity(bases["bert"])
+
+    loaded = NNClassifierModel.load(saved)
+    assert all(p.is_meta for p in loaded.module.parameters() if not p.requires_grad)
+    ours, theirs = trained_values(fitted.module), trained_values(loaded.module)
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    from_peft = peft.PeftModel.from_pretrained(
+        BertForSequenceClassification.from_pretrained(bases["bert"]), saved)
+    expected = peft_probabilities(from_peft, ids, mask)
+    fitted_probs, loaded_probs = probabilities(fitted, df), probabilities(loaded, df)
+    assert np.array_equal(fitted_probs, loaded_probs)
+    assert np.abs(loaded_probs - expected).max() <= 1e-6
+    merged = loaded.merged()
+    assert type(merged) is BertForSequenceClassification
+    assert np.abs(peft_probabilities(merged, ids, mask) - expected).max() <= 1e-5
+
+    # a base that changed at its path is refused, naming the path
+    with open(os.path.join(saved, "sparkdl_base.json"), "w") as out:
+        json.dump(dict(reference_, path=bases["llama"]), out)
+    with pytest.raises(InvalidArgumentError, match="is not the one this adapter was trained on"):
+        NNClassifierModel.load(saved)
+
+
+def test_mlflow_logs_the_adapter_as_artifacts(bert_fit, bases, tmp_path):
+    import mlflow
+    from transformers import BertForSequenceClassification
+
+    from sparkdl.ml.mlflow_models import log_adapter
+
+    fitted, _, ids, mask, _ = bert_fit
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    try:
+        experiment = mlflow.create_experiment("lora", artifact_location=str(tmp_path / "art"))
+        with mlflow.start_run(experiment_id=experiment) as run:
+            uri = log_adapter(fitted)
+        listed = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id,
+                                                                        "adapter")}
+        assert {"adapter/adapter_config.json", "adapter/adapter_model.safetensors",
+                "adapter/sparkdl_base.json"} <= listed
+        local = mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp_path / "down"))
+    finally:
+        mlflow.set_tracking_uri(previous)
+    from_peft = peft.PeftModel.from_pretrained(
+        BertForSequenceClassification.from_pretrained(bases["bert"]), local)
+    assert all(torch.equal(v, dict(from_peft.named_parameters())[n])
+               for n, v in trained_values(fitted.module).items())
 
 
 def _worker_loads(sc):

@@ -231,6 +231,14 @@ class PretrainedModel:
         _unshare_trainable(model, shared)
         return model
 
+    def standalone_model(self, seed: int = 0) -> nn.Module:
+        """The model with a base of its own (loaded now, shared with nothing, every weight in
+        this process's memory), under a ``peft`` model built with ``seed``: what merging the
+        adapters into the base may modify."""
+        from ..storage.pretrained_files import base_identity
+
+        return self._peft(self._load_base(base_identity(self.path)), seed)
+
     def _load_base(self, identity: str) -> nn.Module:
         from ..storage.pretrained_files import local_copy
 
