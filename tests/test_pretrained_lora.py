@@ -358,3 +358,34 @@ def test_lora_fit_is_bitwise_through_a_failed_task_and_a_killed_executor(bases, 
     trained = torch.load(out, weights_only=True)
     assert trained["clean"].keys() == trained["faulted"].keys()
     assert all(torch.equal(trained["clean"][k], trained["faulted"][k]) for k in trained["clean"])
+
+
+def test_a_lora_fit_resumes_from_its_checkpoint_bitwise(sc, bases, tmp_path, caplog):
+    """A checkpoint of a LoRA fit holds the trainable tensors and the base's reference, not
+    the frozen weights; a longer run resumes from it to the undisturbed fit's adapters
+    bitwise."""
+    from sparkdl.triggers import SeveralIteration
+
+    ids, mask, _, lm_labels = token_rows(sum(SIZES), seed=7)
+    records = [((i, m), y) for i, m, y in zip(ids, mask, lm_labels)]
+    rdd = make_rdd(sc, records, SIZES)
+    step = huggingface_step(("input_ids", "attention_mask"))
+    pretrained = llama_model(bases["llama"])
+
+    def fit(iterations, checkpoint=None):
+        opt = DistriOptimizer(pretrained, rdd, optimizer=adamw, batch_size=BATCH,
+                              end_trigger=MaxIteration(iterations), seed=SEED,
+                              training_step=step)
+        if checkpoint is not None:
+            opt.set_checkpoint(str(checkpoint), SeveralIteration(2))
+        return trained_values(opt.optimize())
+
+    whole = fit(4)
+    fit(2, tmp_path / "ckpt")
+    saved = torch.load(tmp_path / "ckpt" / "checkpoint-0000000002.pt", weights_only=False)
+    assert set(saved["model_state"]) == set(whole)
+    assert saved["pretrained_base"]["identity"] == pretrained.identity()
+    with caplog.at_level("INFO", logger="sparkdl"):
+        resumed = fit(4, tmp_path / "ckpt")
+    assert "resuming from checkpoint" in caplog.text and "checkpoint-0000000002.pt" in caplog.text
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
