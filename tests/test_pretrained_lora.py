@@ -479,3 +479,23 @@ def test_tokenize_column_refuses_what_it_cannot_tokenize_before_any_job(spark, b
         tokenize_column(df, "text", bases["llama"], max_length=4, padding="longest")
     with pytest.raises(InvalidArgumentError, match="max_length must be a positive int"):
         tokenize_column(df, "text", bases["llama"], max_length=0)
+
+
+def test_a_pretrained_model_without_peft_config_trains_whole_as_from_pretrained(sc, bases):
+    """No peft config: every weight trains (and travels), within 1e-5 of from_pretrained
+    trained in one process."""
+    ids, mask, _, lm_labels = token_rows(sum(SIZES), seed=9)
+    records = [((i, m), y) for i, m, y in zip(ids, mask, lm_labels)]
+    step = huggingface_step(("input_ids", "attention_mask"))
+    pretrained = PretrainedModel(bases["llama"], "AutoModelForCausalLM")
+    opt = DistriOptimizer(pretrained, make_rdd(sc, records, SIZES), optimizer=adamw,
+                          batch_size=BATCH, end_trigger=MaxIteration(2), seed=SEED,
+                          training_step=step)
+    trained = trained_values(opt.optimize())
+    expected = pretrained.model_class().from_pretrained(bases["llama"])
+    assert set(trained) == {n for n, _ in expected.named_parameters()}
+    reference(expected, [ids, mask], lm_labels, step, BatchPlan(SIZES, BATCH, SEED, True), 2,
+              adamw(expected.parameters()))
+    after = dict(expected.named_parameters())
+    for name, value in trained.items():
+        assert float((value - after[name].detach()).abs().max()) <= TOL, name

@@ -227,6 +227,8 @@ class PretrainedModel:
         base = _BASES.get_or_create(key, lambda: self._load_base(identity))
         shared = {id(p): p for p in base.parameters()}
         structure = copy.deepcopy(base, memo=dict(shared))
+        if self.peft_config is None:       # the whole model trains: its own copy of the base
+            _all_trainable(structure)
         model = self._peft(structure, seed)
         _unshare_trainable(model, shared)
         return model
@@ -465,6 +467,19 @@ def _set_parameter(model: nn.Module, name: str, value: nn.Parameter) -> None:
     owner, _, leaf = name.rpartition(".")
     module = model.get_submodule(owner) if owner else model
     module._parameters[leaf] = value
+
+
+def _all_trainable(model: nn.Module) -> None:
+    """Every parameter of ``model`` replaced by a trainable copy (tied ones stay tied): the
+    cached base's own stay frozen and as loaded."""
+    made: dict[int, nn.Parameter] = {}
+    for module in _modules_of(model):
+        for name, p in list(module._parameters.items()):
+            if p is None:
+                continue
+            if id(p) not in made:
+                made[id(p)] = nn.Parameter(p.detach().clone(), requires_grad=True)
+            module._parameters[name] = made[id(p)]
 
 
 def _unshare_trainable(model: nn.Module, shared: dict[int, nn.Parameter]) -> None:
