@@ -362,32 +362,33 @@ def _modules_of(model: nn.Module) -> list[nn.Module]:
     return list(model.modules())
 
 
+def _replace_parameters(model: nn.Module, wanted: Callable[[nn.Parameter], bool],
+                        make: Callable[[nn.Parameter], nn.Parameter]) -> None:
+    """Every parameter of ``model`` that is ``wanted`` replaced by ``make(parameter)``, one
+    replacement per parameter (tied parameters stay tied)."""
+    made: dict[int, nn.Parameter] = {}
+    for module in _modules_of(model):
+        for name, p in list(module._parameters.items()):
+            if p is None or not wanted(p):
+                continue
+            if id(p) not in made:
+                made[id(p)] = make(p)
+            module._parameters[name] = made[id(p)]
+
+
 def _as_placeholders(model: nn.Module) -> None:
     """Meta parameters replaced by CPU tensors of one element broadcast to their shape (no
     memory), so that ``peft`` creates its adapters on the CPU, drawing the random numbers the
     executors draw; tied parameters stay tied."""
-    made: dict[int, nn.Parameter] = {}
-    for module in _modules_of(model):
-        for name, p in list(module._parameters.items()):
-            if p is None or not p.is_meta:
-                continue
-            if id(p) not in made:
-                made[id(p)] = nn.Parameter(torch.zeros((), dtype=p.dtype).expand(p.shape),
-                                           requires_grad=p.requires_grad)
-            module._parameters[name] = made[id(p)]
+    _replace_parameters(model, lambda p: p.is_meta, lambda p: nn.Parameter(
+        torch.zeros((), dtype=p.dtype).expand(p.shape), requires_grad=p.requires_grad))
 
 
 def _frozen_to_meta(model: nn.Module) -> None:
     """Every parameter that does not train to the meta device (tied ones stay tied)."""
-    made: dict[int, nn.Parameter] = {}
-    for module in _modules_of(model):
-        for name, p in list(module._parameters.items()):
-            if p is None or p.requires_grad or p.is_meta:
-                continue
-            if id(p) not in made:
-                made[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"),
-                                           requires_grad=False)
-            module._parameters[name] = made[id(p)]
+    _replace_parameters(model, lambda p: not p.requires_grad and not p.is_meta,
+                        lambda p: nn.Parameter(torch.empty(p.shape, dtype=p.dtype,
+                                                           device="meta"), requires_grad=False))
 
 
 def _adapter_parameters(model: nn.Module) -> set[int]:
@@ -472,14 +473,8 @@ def _set_parameter(model: nn.Module, name: str, value: nn.Parameter) -> None:
 def _all_trainable(model: nn.Module) -> None:
     """Every parameter of ``model`` replaced by a trainable copy (tied ones stay tied): the
     cached base's own stay frozen and as loaded."""
-    made: dict[int, nn.Parameter] = {}
-    for module in _modules_of(model):
-        for name, p in list(module._parameters.items()):
-            if p is None:
-                continue
-            if id(p) not in made:
-                made[id(p)] = nn.Parameter(p.detach().clone(), requires_grad=True)
-            module._parameters[name] = made[id(p)]
+    _replace_parameters(model, lambda p: True,
+                        lambda p: nn.Parameter(p.detach().clone(), requires_grad=True))
 
 
 def _unshare_trainable(model: nn.Module, shared: dict[int, nn.Parameter]) -> None:
