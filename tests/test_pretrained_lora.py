@@ -218,6 +218,9 @@ def test_a_saved_lora_fit_is_its_adapter_and_loads_back_to_the_same_predictions(
 
 
 def test_mlflow_logs_the_adapter_as_artifacts(bert_fit, bases, tmp_path):
+    """log_adapter logs peft's files and the base's reference as artifacts of the run; what
+    is downloaded loads with PeftModel.from_pretrained and load_adapter, the adapters bitwise
+    the fit's."""
     import mlflow
     from transformers import BertForSequenceClassification
 
@@ -241,6 +244,12 @@ def test_mlflow_logs_the_adapter_as_artifacts(bert_fit, bases, tmp_path):
         BertForSequenceClassification.from_pretrained(bases["bert"]), local)
     assert all(torch.equal(v, dict(from_peft.named_parameters())[n])
                for n, v in trained_values(fitted.module).items())
+    from sparkdl.adapters import load_adapter      # the driver's model again, base on meta
+
+    again = load_adapter(local)
+    assert all(p.is_meta for p in again.parameters() if not p.requires_grad)
+    ours, theirs = trained_values(fitted.module), trained_values(again)
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
 def _worker_loads(sc):
