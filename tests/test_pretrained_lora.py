@@ -121,10 +121,10 @@ def test_lora_fit_equals_single_process_peft_with_the_base_off_the_driver(sc, ba
     assert changed == set(start)
 
 
-def test_nnclassifier_lora_fit_is_the_engine_fit_and_transform_reads_the_adapters(spark, bases):
-    """NNClassifier(model=PretrainedModel(...)) on columns of token ids: bitwise the engine's
-    fit on the same rows (one partition each), the driver's base on the meta device, and
-    transform's probabilities those of the single-process reference model."""
+@pytest.fixture(scope="module")
+def bert_fit(spark, bases):
+    """NNClassifier(model=PretrainedModel(...)) fitted on columns of token ids (one partition),
+    with the DataFrame and its arrays."""
     from sparkdl import NNClassifier
 
     ids, mask, labels, _ = token_rows(36, seed=3)
@@ -135,8 +135,29 @@ def test_nnclassifier_lora_fit_is_the_engine_fit_and_transform_reads_the_adapter
                        inputCols=["input_ids", "attention_mask"], labelCol="label",
                        optimizer="adamw", learningRate=0.01, batchSize=12, maxEpoch=1, seed=2,
                        progressBar=False, numTrainWorkers=1)
-    fitted = clf.fit(df)
+    return clf.fit(df), df, ids, mask, labels
+
+
+def probabilities(model, df):
+    return np.stack(model.transform(df).select("probability").toPandas()["probability"]
+                    .map(lambda v: v.toArray()))
+
+
+def peft_probabilities(model, ids, mask):
+    model.eval()
+    with torch.no_grad():
+        return torch.softmax(model(torch.from_numpy(ids), torch.from_numpy(mask)).logits,
+                             -1).numpy()
+
+
+def test_nnclassifier_lora_fit_is_the_engine_fit_and_transform_reads_the_adapters(bert_fit,
+                                                                                  bases):
+    """NNClassifier(model=PretrainedModel(...)) on columns of token ids: within 1e-5 of the
+    single-process reference on the same union batches, the driver's base on the meta device,
+    and transform's probabilities those of the reference model."""
+    fitted, df, ids, mask, labels = bert_fit
     model = fitted.module
+    step = huggingface_step(("input_ids", "attention_mask"))
     assert all(p.is_meta for p in model.parameters() if not p.requires_grad)
     expected = single_process(bert_model(bases["bert"]), 2)
     plan = BatchPlan([36], 12, 2, True)
@@ -146,12 +167,89 @@ def test_nnclassifier_lora_fit_is_the_engine_fit_and_transform_reads_the_adapter
     after = dict(expected.named_parameters())
     for name, value in trained_values(model).items():
         assert float((value - after[name].detach()).abs().max()) <= TOL, name
-    got = np.stack(fitted.transform(df).select("probability").toPandas()["probability"]
-                   .map(lambda v: v.toArray()))
-    expected.eval()
-    with torch.no_grad():
-        logits = expected(torch.from_numpy(ids), torch.from_numpy(mask)).logits
-    assert np.abs(got - torch.softmax(logits, -1).numpy()).max() <= 1e-5
+    got = probabilities(fitted, df)
+    assert np.abs(got - peft_probabilities(expected, ids, mask)).max() <= 1e-5
+
+
+def test_a_saved_lora_fit_is_its_adapter_and_loads_back_to_the_same_predictions(
+        bert_fit, bases, tmp_path):
+    """save writes peft's adapter files and the base's reference (no base weights);
+    NNClassifierModel.load, PeftModel.from_pretrained of the saved directory, transform of the
+    loaded model and the merged model predict the same."""
+    import json
+    import os
+
+    from transformers import BertForSequenceClassification
+
+    from sparkdl import NNClassifierModel
+    from sparkdl.storage.pretrained_files import base_identity
+
+    fitted, df, ids, mask, _ = bert_fit
+    saved = str(tmp_path / "saved")
+    fitted.write().save(saved)
+    names = set(os.listdir(saved))
+    assert {"adapter_config.json", "adapter_model.safetensors", "sparkdl_base.json"} <= names
+    assert "weights.pt" not in names
+    base_bytes = os.path.getsize(os.path.join(bases["bert"], "model.safetensors"))
+    assert os.path.getsize(os.path.join(saved, "adapter_model.safetensors")) < base_bytes / 3
+    reference_ = json.load(open(os.path.join(saved, "sparkdl_base.json")))
+    assert reference_["path"] == bases["bert"]
+    assert reference_["identity"] == base_identity(bases["bert"])
+
+    loaded = NNClassifierModel.load(saved)
+    assert all(p.is_meta for p in loaded.module.parameters() if not p.requires_grad)
+    ours, theirs = trained_values(fitted.module), trained_values(loaded.module)
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    from_peft = peft.PeftModel.from_pretrained(
+        BertForSequenceClassification.from_pretrained(bases["bert"]), saved)
+    expected = peft_probabilities(from_peft, ids, mask)
+    fitted_probs, loaded_probs = probabilities(fitted, df), probabilities(loaded, df)
+    assert np.array_equal(fitted_probs, loaded_probs)
+    assert np.abs(loaded_probs - expected).max() <= 1e-6
+    merged = loaded.merged()
+    assert type(merged) is BertForSequenceClassification
+    assert np.abs(peft_probabilities(merged, ids, mask) - expected).max() <= 1e-5
+
+    # a base that changed at its path is refused, naming the path
+    with open(os.path.join(saved, "sparkdl_base.json"), "w") as out:
+        json.dump(dict(reference_, path=bases["llama"]), out)
+    with pytest.raises(InvalidArgumentError, match="is not the one this adapter was trained on"):
+        NNClassifierModel.load(saved)
+
+
+def test_mlflow_logs_the_adapter_as_artifacts(bert_fit, bases, tmp_path):
+    """log_adapter logs peft's files and the base's reference as artifacts of the run; what
+    is downloaded loads with PeftModel.from_pretrained and load_adapter, the adapters bitwise
+    the fit's."""
+    import mlflow
+    from transformers import BertForSequenceClassification
+
+    from sparkdl.ml.mlflow_models import log_adapter
+
+    fitted, _, ids, mask, _ = bert_fit
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    try:
+        experiment = mlflow.create_experiment("lora", artifact_location=str(tmp_path / "art"))
+        with mlflow.start_run(experiment_id=experiment) as run:
+            uri = log_adapter(fitted)
+        listed = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id,
+                                                                        "adapter")}
+        assert {"adapter/adapter_config.json", "adapter/adapter_model.safetensors",
+                "adapter/sparkdl_base.json"} <= listed
+        local = mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp_path / "down"))
+    finally:
+        mlflow.set_tracking_uri(previous)
+    from_peft = peft.PeftModel.from_pretrained(
+        BertForSequenceClassification.from_pretrained(bases["bert"]), local)
+    assert all(torch.equal(v, dict(from_peft.named_parameters())[n])
+               for n, v in trained_values(fitted.module).items())
+    from sparkdl.adapters import load_adapter      # the driver's model again, base on meta
+
+    again = load_adapter(local)
+    assert all(p.is_meta for p in again.parameters() if not p.requires_grad)
+    ours, theirs = trained_values(fitted.module), trained_values(again)
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
 def _worker_loads(sc):
@@ -234,3 +332,179 @@ def test_base_identity_follows_content_not_path(bases, tmp_path):
         changed.classifier.bias.add_(1e-3)       # a small tensor: read whole
     changed.save_pretrained(copy_dir)
     assert base_identity(str(copy_dir)) != base_identity(bases["bert"])
+
+
+@pytest.mark.cluster
+def test_lora_fit_is_bitwise_through_a_failed_task_and_a_killed_executor(bases, tmp_path):
+    """On local-cluster (two executors): a failed task and a killed executor in one fit give the
+    undisturbed fit's adapters bitwise; the replacement executor loads the base itself, the
+    surviving one keeps its cached base (which of the two trains after the kill is Spark's
+    choice)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    markers, out = tmp_path / "markers", tmp_path / "trained.pt"
+    markers.mkdir()
+    job = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lora_cluster_job.py")
+    proc = subprocess.run([sys.executable, job, "local-cluster[2,1,1024]", bases["llama"],
+                           str(out), str(markers)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert (markers / "task").exists() and (markers / "executor").exists()
+    assert "were retried by Spark" in proc.stderr
+    assert "rebuilding all 4 of them from the RDD lineage" in proc.stderr
+    printed = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+    clean, faulted = json.loads(printed["clean_loads"]), json.loads(printed["faulted_loads"])
+    assert sorted(clean.values()) == [1, 1], clean
+    survivors, replacements = set(faulted) & set(clean), set(faulted) - set(clean)
+    assert len(survivors) == 1 and len(replacements) == 1, (clean, faulted)
+    # the survivor kept its base; the replacement loaded it itself if it trained, else not at all
+    ran = set(json.loads(printed["task_executors"]))
+    assert set(clean) <= ran and ran <= set(clean) | replacements, (ran, clean, faulted)
+    assert faulted == {e: int(e in ran) for e in faulted}, (ran, faulted)
+    assert printed["iterations"] == "6"
+    trained = torch.load(out, weights_only=True)
+    assert trained["clean"].keys() == trained["faulted"].keys()
+    assert all(torch.equal(trained["clean"][k], trained["faulted"][k]) for k in trained["clean"])
+
+
+def test_a_lora_fit_resumes_from_its_checkpoint_bitwise(sc, bases, tmp_path, caplog):
+    """A checkpoint of a LoRA fit holds the trainable tensors and the base's reference, not
+    the frozen weights; a longer run resumes from it to the undisturbed fit's adapters
+    bitwise."""
+    from sparkdl.triggers import SeveralIteration
+
+    ids, mask, _, lm_labels = token_rows(sum(SIZES), seed=7)
+    records = [((i, m), y) for i, m, y in zip(ids, mask, lm_labels)]
+    rdd = make_rdd(sc, records, SIZES)
+    step = huggingface_step(("input_ids", "attention_mask"))
+    pretrained = llama_model(bases["llama"])
+
+    def fit(iterations, checkpoint=None):
+        opt = DistriOptimizer(pretrained, rdd, optimizer=adamw, batch_size=BATCH,
+                              end_trigger=MaxIteration(iterations), seed=SEED,
+                              training_step=step)
+        if checkpoint is not None:
+            opt.set_checkpoint(str(checkpoint), SeveralIteration(2))
+        return trained_values(opt.optimize())
+
+    whole = fit(4)
+    fit(2, tmp_path / "ckpt")
+    saved = torch.load(tmp_path / "ckpt" / "checkpoint-0000000002.pt", weights_only=False)
+    assert set(saved["model_state"]) == set(whole)
+    assert saved["pretrained_base"]["identity"] == pretrained.identity()
+    with caplog.at_level("INFO", logger="sparkdl"):
+        resumed = fit(4, tmp_path / "ckpt")
+    assert "resuming from checkpoint" in caplog.text and "checkpoint-0000000002.pt" in caplog.text
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+
+
+WORDS = [f"w{i}" for i in range(VOCAB - 2)]
+
+
+def save_tokenizer(directory):
+    """A word-level tokenizer over WORDS ([PAD] = 0, [UNK] = 1), built offline and saved with
+    save_pretrained into ``directory`` (beside the model's files)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, **{w: i + 2 for i, w in enumerate(WORDS)}}
+    core = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]",
+                                        unk_token="[UNK]")
+    tokenizer.save_pretrained(directory)
+    return tokenizer
+
+
+def texts(n, seed):
+    """Texts of 1 to 12 words (some longer than LENGTH: truncated), a few unknown words."""
+    rng = np.random.default_rng(seed)
+    return [" ".join(WORDS[j] if j < len(WORDS) else "zz" for j in
+                     rng.integers(0, len(WORDS) + 2, rng.integers(1, 13))) for _ in range(n)]
+
+
+def test_a_text_column_tokenized_on_the_executors_trains_as_the_single_process_reference(
+        spark, sc, bases, tmp_path):
+    """tokenize_column in the tasks gives the single-process tokenizer's ids, masks and -100
+    labels row for row; a causal LM fit on them over three partitions is within 1e-5 of the
+    reference that tokenizes the same union batches (token-mean over the union batch)."""
+    import shutil
+
+    from sparkdl.adapters import tokenize_column
+    from sparkdl.adapters.tokenization import tokenize_texts
+
+    model_dir = tmp_path / "llama-text"
+    shutil.copytree(bases["llama"], model_dir)
+    tokenizer = save_tokenizer(model_dir)
+    corpus = texts(sum(SIZES), seed=8)
+    rows = sc.parallelize(list(enumerate(corpus)), 3).toDF(["row", "text"])
+    tokens = tokenize_column(rows, "text", str(model_dir), max_length=LENGTH, labels=True)
+    assert tokens.columns == ["row", "text", "input_ids", "attention_mask", "labels"]
+    local = tokens.toPandas()
+    expected = tokenize_texts(tokenizer, corpus, LENGTH, labels=True)
+    assert local["row"].tolist() == list(range(len(corpus)))
+    for name in ("input_ids", "attention_mask", "labels"):
+        assert np.array_equal(np.stack(local[name]), expected[name]), name
+    assert (expected["labels"] == -100).any() and expected["attention_mask"].all(1).any()
+
+    records = tokens.rdd.map(lambda r: ((np.array(r.input_ids), np.array(r.attention_mask)),
+                                        np.array(r.labels)))
+    sizes = records.glom().map(len).collect()
+    step = huggingface_step(("input_ids", "attention_mask"))
+    pretrained = llama_model(str(model_dir))
+    opt = DistriOptimizer(pretrained, records, optimizer=adamw, batch_size=BATCH,
+                          end_trigger=MaxIteration(3), seed=SEED, training_step=step)
+    trained = trained_values(opt.optimize())
+    ref = single_process(pretrained, SEED)
+    plan = BatchPlan(sizes, BATCH, SEED, True)
+    optimizer = adamw([p for p in ref.parameters() if p.requires_grad])
+    for t in range(3):       # the reference tokenizes each union batch's texts itself
+        idx = plan.global_indices(*plan.epoch_and_step(t))
+        batch = tokenize_texts(tokenizer, [corpus[j] for j in idx], LENGTH, labels=True)
+        optimizer.zero_grad()
+        total, count = step(ref, [torch.from_numpy(batch["input_ids"]),
+                                  torch.from_numpy(batch["attention_mask"])],
+                            torch.from_numpy(batch["labels"]))
+        (total / count).backward()
+        optimizer.step()
+    after = dict(ref.named_parameters())
+    for name, value in trained.items():
+        assert float((value - after[name].detach()).abs().max()) <= TOL, name
+
+
+def test_tokenize_column_refuses_what_it_cannot_tokenize_before_any_job(spark, bases):
+    from sparkdl.adapters import tokenize_column
+
+    df = spark.createDataFrame([(1, "w1 w2")], ["n", "text"])
+    with pytest.raises(InvalidArgumentError, match="no column 'body'"):
+        tokenize_column(df, "body", bases["llama"], max_length=4)
+    with pytest.raises(InvalidArgumentError, match="'n' must be a string column"):
+        tokenize_column(df, "n", bases["llama"], max_length=4)
+    with pytest.raises(InvalidArgumentError, match="padding='longest'"):
+        tokenize_column(df, "text", bases["llama"], max_length=4, padding="longest")
+    with pytest.raises(InvalidArgumentError, match="max_length must be a positive int"):
+        tokenize_column(df, "text", bases["llama"], max_length=0)
+
+
+def test_a_pretrained_model_without_peft_config_trains_whole_as_from_pretrained(sc, bases):
+    """No peft config: every weight trains (and travels), within 1e-5 of from_pretrained
+    trained in one process."""
+    ids, mask, _, lm_labels = token_rows(sum(SIZES), seed=9)
+    records = [((i, m), y) for i, m, y in zip(ids, mask, lm_labels)]
+    step = huggingface_step(("input_ids", "attention_mask"))
+    pretrained = PretrainedModel(bases["llama"], "AutoModelForCausalLM")
+    opt = DistriOptimizer(pretrained, make_rdd(sc, records, SIZES), optimizer=adamw,
+                          batch_size=BATCH, end_trigger=MaxIteration(2), seed=SEED,
+                          training_step=step)
+    trained = trained_values(opt.optimize())
+    expected = pretrained.model_class().from_pretrained(bases["llama"])
+    assert set(trained) == {n for n, _ in expected.named_parameters()}
+    reference(expected, [ids, mask], lm_labels, step, BatchPlan(SIZES, BATCH, SEED, True), 2,
+              adamw(expected.parameters()))
+    after = dict(expected.named_parameters())
+    for name, value in trained.items():
+        assert float((value - after[name].detach()).abs().max()) <= TOL, name

@@ -227,9 +227,19 @@ class PretrainedModel:
         base = _BASES.get_or_create(key, lambda: self._load_base(identity))
         shared = {id(p): p for p in base.parameters()}
         structure = copy.deepcopy(base, memo=dict(shared))
+        if self.peft_config is None:       # the whole model trains: its own copy of the base
+            _all_trainable(structure)
         model = self._peft(structure, seed)
         _unshare_trainable(model, shared)
         return model
+
+    def standalone_model(self, seed: int = 0) -> nn.Module:
+        """The model with a base of its own (loaded now, shared with nothing, every weight in
+        this process's memory), under a ``peft`` model built with ``seed``: what merging the
+        adapters into the base may modify."""
+        from ..storage.pretrained_files import base_identity
+
+        return self._peft(self._load_base(base_identity(self.path)), seed)
 
     def _load_base(self, identity: str) -> nn.Module:
         from ..storage.pretrained_files import local_copy
@@ -352,32 +362,33 @@ def _modules_of(model: nn.Module) -> list[nn.Module]:
     return list(model.modules())
 
 
+def _replace_parameters(model: nn.Module, wanted: Callable[[nn.Parameter], bool],
+                        make: Callable[[nn.Parameter], nn.Parameter]) -> None:
+    """Every parameter of ``model`` that is ``wanted`` replaced by ``make(parameter)``, one
+    replacement per parameter (tied parameters stay tied)."""
+    made: dict[int, nn.Parameter] = {}
+    for module in _modules_of(model):
+        for name, p in list(module._parameters.items()):
+            if p is None or not wanted(p):
+                continue
+            if id(p) not in made:
+                made[id(p)] = make(p)
+            module._parameters[name] = made[id(p)]
+
+
 def _as_placeholders(model: nn.Module) -> None:
     """Meta parameters replaced by CPU tensors of one element broadcast to their shape (no
     memory), so that ``peft`` creates its adapters on the CPU, drawing the random numbers the
     executors draw; tied parameters stay tied."""
-    made: dict[int, nn.Parameter] = {}
-    for module in _modules_of(model):
-        for name, p in list(module._parameters.items()):
-            if p is None or not p.is_meta:
-                continue
-            if id(p) not in made:
-                made[id(p)] = nn.Parameter(torch.zeros((), dtype=p.dtype).expand(p.shape),
-                                           requires_grad=p.requires_grad)
-            module._parameters[name] = made[id(p)]
+    _replace_parameters(model, lambda p: p.is_meta, lambda p: nn.Parameter(
+        torch.zeros((), dtype=p.dtype).expand(p.shape), requires_grad=p.requires_grad))
 
 
 def _frozen_to_meta(model: nn.Module) -> None:
     """Every parameter that does not train to the meta device (tied ones stay tied)."""
-    made: dict[int, nn.Parameter] = {}
-    for module in _modules_of(model):
-        for name, p in list(module._parameters.items()):
-            if p is None or p.requires_grad or p.is_meta:
-                continue
-            if id(p) not in made:
-                made[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"),
-                                           requires_grad=False)
-            module._parameters[name] = made[id(p)]
+    _replace_parameters(model, lambda p: not p.requires_grad and not p.is_meta,
+                        lambda p: nn.Parameter(torch.empty(p.shape, dtype=p.dtype,
+                                                           device="meta"), requires_grad=False))
 
 
 def _adapter_parameters(model: nn.Module) -> set[int]:
@@ -457,6 +468,13 @@ def _set_parameter(model: nn.Module, name: str, value: nn.Parameter) -> None:
     owner, _, leaf = name.rpartition(".")
     module = model.get_submodule(owner) if owner else model
     module._parameters[leaf] = value
+
+
+def _all_trainable(model: nn.Module) -> None:
+    """Every parameter of ``model`` replaced by a trainable copy (tied ones stay tied): the
+    cached base's own stay frozen and as loaded."""
+    _replace_parameters(model, lambda p: True,
+                        lambda p: nn.Parameter(p.detach().clone(), requires_grad=True))
 
 
 def _unshare_trainable(model: nn.Module, shared: dict[int, nn.Parameter]) -> None:

@@ -522,6 +522,19 @@ class _NNModelBase(Model, MLWritable, MLReadable):
         """A few training rows as the module receives them (the model's arguments), for
         :func:`sparkdl.ml.mlflow_models.log_pytorch_model`; not saved with the model."""
 
+    def merged(self) -> nn.Module:
+        """The fitted model with its adapters merged into the base, for a fit of a
+        :class:`~sparkdl.adapters.PretrainedModel` with a ``peft`` config: a plain
+        ``transformers`` model holding every weight on the driver (the base is read from its
+        path), for ``save_pretrained`` or serving without ``peft``
+        (:func:`sparkdl.adapters.merged_model`). ``write().save`` writes the adapter alone.
+
+        Example: ``fitted.merged().save_pretrained("/models/merged")``.
+        """
+        from ..adapters.adapter_files import merged_model
+
+        return merged_model(self.module)
+
     @property
     def summary(self) -> Any:
         """Per-epoch training loss and validation metrics, then the epoch's iterations and

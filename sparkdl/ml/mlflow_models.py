@@ -1,6 +1,6 @@
 """Fitted models in MLflow (driver side; needs ``pip install 'sparkdl-torch[mlflow]'``).
 
-Two ways, for two uses:
+Three ways, for three uses:
 
 - The Spark stage, in a ``PipelineModel``: ``mlflow.spark.log_model(pipeline_model, name=...)``
   and ``mlflow.spark.load_model(uri)`` work as they are: they save and load through the stages'
@@ -11,6 +11,11 @@ Two ways, for two uses:
   ``mlflow.pytorch.log_model`` with an input example and a signature taken from the training
   rows (what the module receives, after ``featureShape`` and ``preprocess``), and records the
   training columns in the MLflow model's metadata.
+- The adapter of a LoRA (``peft``) fit of a :class:`~sparkdl.adapters.PretrainedModel`:
+  :func:`log_adapter` logs its files as artifacts (``adapter_config.json``,
+  ``adapter_model.safetensors``, and ``sparkdl_base.json``, the base by path and content
+  identity, never its weights): ``PeftModel.from_pretrained(base, downloaded_dir)`` and
+  :func:`sparkdl.adapters.load_adapter` read them back.
 
 Example::
 
@@ -33,7 +38,7 @@ from ..errors import InvalidArgumentError
 from ..executor.step import as_model_input
 from ..metrics import prediction_tensor
 
-__all__ = ["training_example", "log_pytorch_model", "EXAMPLE_ROWS"]
+__all__ = ["training_example", "log_pytorch_model", "log_adapter", "EXAMPLE_ROWS"]
 
 log = logging.getLogger("sparkdl")
 
@@ -121,3 +126,31 @@ def log_pytorch_model(model: Any, name: str = "model",
     where = {"name": name} if int(mlflow.__version__.split(".")[0]) >= 3 else \
         {"artifact_path": name}
     return mlflow.pytorch.log_model(module, metadata=metadata, **where, **log_model_args)
+
+
+def log_adapter(model: Any, name: str = "adapter") -> str:
+    """Log the adapter of a fitted LoRA (``peft``) model as artifacts under ``name`` of the
+    active run (or the one MLflow starts) and return their artifact URI. ``model``: a fitted
+    :class:`~sparkdl.NNModel` / :class:`~sparkdl.NNClassifierModel` of a
+    :class:`~sparkdl.adapters.PretrainedModel`, or the peft model ``optimize()`` returned.
+    The files are :func:`sparkdl.adapters.adapter_files.adapter_files`'s: the adapter in
+    peft's format and the base's reference (a few MB for LoRA, whatever the base's size).
+
+    Example::
+
+        with mlflow.start_run():
+            uri = log_adapter(fitted)
+        local = mlflow.artifacts.download_artifacts(uri)
+        PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), local)
+    """
+    import os
+    import tempfile
+
+    mlflow = check_mlflow("log_adapter")
+    from ..adapters.adapter_files import save_adapter
+
+    module = getattr(model, "module", model)
+    with tempfile.TemporaryDirectory() as scratch:
+        save_adapter(module, os.path.join(scratch, name))
+        mlflow.log_artifacts(os.path.join(scratch, name), artifact_path=name)
+    return f"{mlflow.get_artifact_uri()}/{name}"

@@ -11,6 +11,15 @@ to a path that holds anything, without ``overwrite()``, is refused before anythi
 Loading checks that the path holds a saved stage (``metadata/``) and that the saved class is the
 one asked for.
 
+A model fitted from a :class:`~sparkdl.adapters.PretrainedModel` with a ``peft`` config saves
+its adapter instead of ``weights.pt`` and the architecture: ``adapter_config.json``,
+``adapter_model.safetensors`` (what ``PeftModel.save_pretrained`` writes, so
+``PeftModel.from_pretrained(base, path)`` loads the saved directory itself) and
+``sparkdl_base.json``, the base by reference (its path and content identity, never its
+weights); ``module.pkl`` then holds only ``preprocess`` and ``collate``. Loading builds the
+model from the base's path, after checking the base's identity
+(:mod:`sparkdl.adapters.adapter_files`).
+
 The metadata is written by Spark (a DataFrame write, so on the cluster's file system); the other
 files through the JVM's Hadoop FileSystem on a classic session and through ``pyarrow.fs`` under
 Spark Connect, where the client has no JVM (:mod:`sparkdl.storage.file_systems`): there the path
@@ -161,14 +170,35 @@ class NNModelWriter(_StageWriter):
         extra = {"output_size": int(getattr(self.instance, "output_size", 0) or 0),
                  "summary": frame.to_dict(orient="records") if frame is not None else [],
                  "inputs": [r.to_json() for r in record] if record else None}
+        adapter = _adapter_files(self.instance.module)
+        if adapter is not None:
+            extra["pretrained_adapter"] = True
         save_metadata(self.instance, path, self.sparkSession,
                       extraMetadata=extra)
+        if adapter is not None:      # the adapter and the base's reference, not the base
+            for name, data in adapter.items():
+                self.files.write(path, name, data)
+            self.files.write(path, "module.pkl", cloudpickle.dumps(
+                {"module": None, "preprocess": self.instance.preprocess,
+                 "collate": self.instance.collate}))
+            return
         buf = io.BytesIO()
         torch.save(self.instance.module.state_dict(), buf)
         self.files.write(path, "weights.pt", buf.getvalue())
         self.files.write(path, "module.pkl", cloudpickle.dumps(
             {"module": self.instance.module, "preprocess": self.instance.preprocess,
              "collate": self.instance.collate}))
+
+
+def _adapter_files(module: Any) -> dict[str, bytes] | None:
+    """The adapter files of a pretrained fit's model with a peft config, else None."""
+    from ..adapters.adapter_files import adapter_files
+    from ..adapters.pretrained import pretrained_origin
+
+    origin = pretrained_origin(module)
+    if origin is None or origin[0].peft_config is None:
+        return None
+    return adapter_files(module)
 
 
 class NNModelReader(_StageReader):
@@ -199,13 +229,28 @@ class NNModelReader(_StageReader):
                                        f"{type(module).__name__}.")
         return module, self.preprocess, self.collate
 
+    def _adapter_model(self, path: str) -> tuple[Any, Any, Any]:
+        from ..adapters.adapter_files import ADAPTER_FILES, REFERENCE_FILE, \
+            model_from_adapter_files
+
+        files = {n: self.files.read(path, n) for n in (*ADAPTER_FILES, REFERENCE_FILE)}
+        module = model_from_adapter_files(files)
+        if self.model_factory is not None:
+            return module, self.preprocess, self.collate
+        objects = pickle.loads(self.files.read(path, "module.pkl"))
+        return module, objects["preprocess"], objects.get("collate")
+
     def load(self, path: str) -> Any:
         import pandas as pd
 
         metadata = _load_metadata(path, self.sparkSession, self.cls)
-        module, preprocess, collate = self._architecture(path)
-        state = torch.load(io.BytesIO(self.files.read(path, "weights.pt")), weights_only=True)
-        module.load_state_dict(state)
+        if metadata.get("pretrained_adapter"):
+            module, preprocess, collate = self._adapter_model(path)
+        else:
+            module, preprocess, collate = self._architecture(path)
+            state = torch.load(io.BytesIO(self.files.read(path, "weights.pt")),
+                               weights_only=True)
+            module.load_state_dict(state)
         instance = self.cls(module, preprocess, collate)
         DefaultParamsReader.getAndSetParams(instance, metadata)
         instance._resetUid(metadata["uid"])

@@ -34,6 +34,7 @@ from ...triggers import EarlyStopping, TrainingState, planned_iterations
 from .optim.optimizer_sequence import scheduler_needs_metric
 from .reports.progress import ProgressReporter
 from .reports.summary import IterationRecord
+from .resume.checkpointing import held_state, load_held_state
 from .run_context import RunContext
 
 __all__ = ["FitLifecycle", "stop_not_finite"]
@@ -46,7 +47,7 @@ def stop_not_finite(ctx: RunContext, what: str, unit: str = "iteration") -> None
     the run checkpoints) in a :class:`NonFiniteError`; ``what`` was not finite in ``unit``
     ``ctx.iteration + 1``."""
     path = ctx.checkpoints.write(ctx) if ctx.checkpoints is not None else None
-    good = {k: v.detach().clone() for k, v in ctx.model.state_dict().items()}
+    good = held_state(ctx.model)
     message = (f"Training stopped at {unit} {ctx.iteration + 1}: {what}. The model keeps the "
                f"last good weights (after {unit} {ctx.iteration}); they are in this error's "
                "state_dict" + (f" and in checkpoint {path}" if path else "") +
@@ -157,15 +158,14 @@ class FitLifecycle:
         """Keep a copy of the weights an early stop may restore (only when they improved)."""
         for k, trigger in enumerate(self._early_stops()):
             if trigger.improved and trigger.restore_best:
-                self.ctx.best_states[k] = {name: value.detach().clone()
-                                           for name, value in self.ctx.model.state_dict().items()}
+                self.ctx.best_states[k] = held_state(self.ctx.model)
 
     def restore_best(self) -> None:
         """Load the best weights of an early stop that fired with ``restore_best``."""
         for k, trigger in enumerate(self._early_stops()):
             best = self.ctx.best_states.get(k)
             if trigger.stopped and trigger.restore_best and best is not None:
-                self.ctx.model.load_state_dict(best)
+                load_held_state(self.ctx.model, best)
                 log.info("early stopping on %s: restored the weights of iteration %d (%s %.6g)",
                          trigger.metric, trigger.best_iteration, trigger.metric, trigger.best)
 

@@ -12,6 +12,11 @@ belongs to this model (class and parameter shapes), and, once the data is known,
 written by a run with the same seed, batch size, shuffling and partition sizes: only then does
 the resumed run reproduce the interrupted one bitwise.
 
+A model of a :class:`~sparkdl.adapters.PretrainedModel` keeps its frozen base on the meta device
+on the driver: its checkpoints hold the tensors the driver holds (:func:`held_state`: the
+trainable ones and the buffers) and the base by reference (``pretrained_base``: its path and
+content identity, checked on resume), never the base's weights.
+
 Example::
 
     checkpoints = Checkpoints(CheckpointSetup(path, EveryEpoch(), 3, True), store)
@@ -36,7 +41,7 @@ from ....triggers import Trigger, planned_iterations
 from ..run_context import KEY_DEFAULTS, RunContext
 from ..reports.summary import IterationRecord, TrainingSummary, ValidationRecord
 
-__all__ = ["CheckpointSetup", "Checkpoints", "shown"]
+__all__ = ["CheckpointSetup", "Checkpoints", "shown", "held_state", "load_held_state"]
 
 log = logging.getLogger("sparkdl")
 
@@ -61,6 +66,33 @@ def shown(value: Any) -> str:
 
 def _model_class(model: nn.Module) -> str:
     return f"{type(model).__module__}.{type(model).__qualname__}"
+
+
+def held_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s ``state_dict`` as copies, without the tensors on the meta device (a
+    pretrained model's frozen base, which the driver does not hold)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items() if not v.is_meta}
+
+
+def load_held_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a :func:`held_state` into ``model``: every tensor it holds off the meta device must
+    be in ``state``."""
+    ours = {k for k, v in model.state_dict().items() if not v.is_meta}
+    if set(state) != ours:
+        missing, extra = sorted(ours - set(state)), sorted(set(state) - ours)
+        raise CheckpointError(f"The saved state does not fit this model: it lacks {missing[:3]} "
+                              f"and has {extra[:3]} that the model does not hold.")
+    model.load_state_dict(state, strict=len(ours) == len(model.state_dict()))
+
+
+def _base_reference(model: nn.Module) -> dict[str, str] | None:
+    """The pretrained base of ``model`` by path and content identity, or None."""
+    from ....adapters.pretrained import pretrained_origin
+
+    origin = pretrained_origin(model)
+    if origin is None:
+        return None
+    return {"path": origin[0].path, "identity": origin[0].identity()}
 
 
 def _model_signature(model: nn.Module) -> list[list[Any]]:
@@ -145,7 +177,16 @@ class Checkpoints:
                 f"end at iteration {planned}: it was written by a longer run of the same fit "
                 "(training longer resumes, training shorter cannot go back). Use another "
                 "checkpoint directory for the shorter run.")
-        ctx.model.load_state_dict(state["model_state"])
+        base = state.get("pretrained_base")
+        if base is not None:
+            ours_base = _base_reference(ctx.model)
+            if ours_base is None or ours_base["identity"] != base["identity"]:
+                raise CheckpointError(
+                    f"The checkpoint {name} was written by a fit of the pretrained base at "
+                    f"{base['path']!r} (identity {base['identity'][:16]}...); this fit's base "
+                    f"is {ours_base}. Resume with the same base, or use another checkpoint "
+                    "directory.")
+        load_held_state(ctx.model, state["model_state"])
         load_non_persistent_buffers(ctx.model, state.get("other_buffers", {}))
         ctx.optimizer.load_state_dict(state["optimizer_state"])
         if ctx.lr_scheduler is not None and state.get("scheduler_state") is not None:
@@ -202,7 +243,8 @@ class Checkpoints:
             "format_version": FORMAT_VERSION,
             "model_class": _model_class(ctx.model),
             "model_signature": _model_signature(ctx.model),
-            "model_state": {k: v.detach().clone() for k, v in ctx.model.state_dict().items()},
+            "model_state": held_state(ctx.model),
+            "pretrained_base": _base_reference(ctx.model),
             "other_buffers": non_persistent_buffers(ctx.model),
             "optimizer_state": ctx.optimizer.state_dict(),
             "scheduler_state": (ctx.lr_scheduler.state_dict()
