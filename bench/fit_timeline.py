@@ -80,8 +80,8 @@ def main() -> None:
               f"{run.fixed_s:.2f} s)")
     spark.stop()
     time.sleep(1)       # the event log is complete once the context has stopped
-    print(f"\nthe last fit's jobs (seconds from its runner's call: the data's parallelize and a "
-          f"count first):")
+    print("\nthe last fit's jobs (seconds from its runner's call: the data's parallelize and a "
+          "count first):")
     for line in timeline(read_events(log_dir), since):
         print(line)
 

@@ -8,7 +8,6 @@ Only the data plan is sparkdl's (which samples each partition takes at each iter
 from __future__ import annotations
 
 import copy
-import math
 from typing import Any, Callable, Sequence
 
 import numpy as np

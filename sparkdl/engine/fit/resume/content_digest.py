@@ -136,6 +136,26 @@ def _standalone(value: Any, path: str) -> str:
     return walker.digest.hexdigest()
 
 
+def _tensor_header(value: torch.Tensor) -> str:
+    return f"{value.dtype}{list(value.shape)}{value.requires_grad}"
+
+
+def _tensor_bytes(value: torch.Tensor) -> Any:
+    """The tensor's elements as a flat uint8 buffer (dense, on the CPU, contiguous)."""
+    t = value.detach()
+    if t.is_sparse:
+        t = t.to_dense()
+    t = t.cpu().contiguous()
+    return t.view(-1).view(torch.uint8).numpy() if t.numel() else b""
+
+
+def _script_code(module: torch.jit.ScriptModule) -> str | None:
+    try:
+        return module.code
+    except Exception:              # noqa: BLE001 - a module without TorchScript code
+        return None
+
+
 class _Walker:
     def __init__(self) -> None:
         self.digest = hashlib.sha256()
@@ -186,12 +206,8 @@ class _Walker:
             self.put("uninitialized", f"{type(value).__name__}{value.requires_grad}")
             return                           # a lazy module's: drawn at its first forward
         if isinstance(value, torch.Tensor):
-            t = value.detach()
-            if t.is_sparse:
-                t = t.to_dense()
-            t = t.cpu().contiguous()
-            self.put("tensor", f"{t.dtype}{list(t.shape)}{value.requires_grad}")
-            self.put("bytes", t.view(-1).view(torch.uint8).numpy() if t.numel() else b"")
+            self.put("tensor", _tensor_header(value))
+            self.put("bytes", _tensor_bytes(value))
             return
         if isinstance(value, np.ndarray):
             self.put("ndarray", f"{value.dtype.str}{list(value.shape)}")
@@ -236,10 +252,8 @@ class _Walker:
             return
         if isinstance(value, torch.jit.ScriptModule):
             self.put("script module", type(value).__qualname__)
-            try:
-                self.put("code", value.code)
-            except Exception:              # noqa: BLE001 - a module without TorchScript code
-                self.put("no code")
+            code = _script_code(value)
+            self.put(*(("code", code) if code is not None else ("no code",)))
             self.walk(dict(value.state_dict()), f"{path}.state_dict()")
             self.walk(dict(value.named_children()), f"{path} children")
             return
