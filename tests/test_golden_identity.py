@@ -9,25 +9,34 @@ this test computes the keys anew and resumes that checkpoint.
 
 The digests depend on the interpreter's bytecode and torch's version (the user's functions are
 identified by their code, torch's classes by its version), so the file records both; CI runs
-this test with the same ones (Python 3.11, the torch of constraints.txt). Regenerate only when
-an identity change is intended (then raise ``IDENTITY_VERSION``):
+this test with the same ones (Python 3.11, the torch of constraints.txt). The checkpoint's
+weights depend on more: the numeric platform that computed them (the CPU and the BLAS code path
+its kernels take, :mod:`sparkdl.engine.fit.resume.numeric_platform`), recorded as ``checkpoint
+platform``. So resuming it is checked apart from its weights (any machine), and its weights
+against this platform's epoch 1 (a failure names both platforms: another platform's rounding
+is not a change of the code). Regenerate only when an identity change is intended (then raise
+``IDENTITY_VERSION``) or on the platform CI runs on:
 ``python tests/test_golden_identity.py --write``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pathlib
 import shutil
 import sys
 
+import pytest
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from models import SmallNet, bitwise_equal, classification_data  # noqa: E402
 from sparkdl import DistriOptimizer, FitSet, Loss  # noqa: E402
+from sparkdl.engine.fit.resume.numeric_platform import (  # noqa: E402
+    numeric_platform, platform_differences)
 from sparkdl.runners import LocalPartitions  # noqa: E402
 from sparkdl.triggers import EveryEpoch, MaxEpoch  # noqa: E402
 
@@ -119,18 +128,87 @@ def test_an_estimator_fits_key_is_that_of_the_golden_file(spark, tmp_path):
     assert estimator_keys(spark, tmp_path) == _golden()["estimator"]
 
 
-def test_a_checkpoint_written_by_an_earlier_head_resumes(tmp_path):
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory) -> tuple[torch.nn.Module, dict]:
+    """The 2-epoch fit trained here from scratch, and its checkpoint after epoch 1."""
+    directory = tmp_path_factory.mktemp("clean")
+    model = _fit(epochs=2).set_checkpoint(str(directory), EveryEpoch(), by_fit=True).optimize()
+    epoch_1 = torch.load(next(directory.glob("fit-*/checkpoint-0000000005.pt")),
+                         weights_only=True)
+    return model, epoch_1
+
+
+def test_a_checkpoint_written_by_an_earlier_head_resumes(tmp_path, clean_run, caplog):
     """The golden directory holds the engine fit's checkpoint after epoch 1; a 2-epoch run of
-    the same fit resumes it (epoch 2 only) and equals a fresh 2-epoch run bitwise."""
+    the same fit finds it, accepts it and resumes it (epoch 2 only) to the clean run's bits.
+
+    Its weights and optimizer state are replaced by those this platform computes for epoch 1
+    (the next test compares them), so what this checks holds on any machine: the earlier
+    head's resume key, format, RNG, scheduler and trigger states and summary parts are read
+    as they were meant."""
+    model, epoch_1 = clean_run
     directory = tmp_path / "engine"
     shutil.copytree(GOLDEN / "engine-checkpoint", directory)
+    path = next(directory.glob("fit-*/checkpoint-*.pt"))
+    state = torch.load(path, weights_only=True)
+    state.update(model_state=epoch_1["model_state"], optimizer_state=epoch_1["optimizer_state"])
+    torch.save(state, path)
     resumed = _fit(epochs=2).set_checkpoint(str(directory), EveryEpoch(), by_fit=True)
-    resumed.optimize()
+    with caplog.at_level(logging.INFO, logger="sparkdl"):
+        resumed.optimize()
+    assert any(m.startswith(f"resuming from checkpoint {path}: iteration 5, epoch 1")
+               for m in caplog.messages)
     per_epoch = 5
     assert [r.iteration for r in resumed.summary.iterations] == list(range(1, 2 * per_epoch + 1))
-    fresh = _fit(epochs=2).optimize()
-    assert bitwise_equal(resumed.model, fresh)
+    assert bitwise_equal(resumed.model, model)
     assert len([p for p in directory.iterdir() if p.name.startswith("fit-")]) == 1
+
+
+def test_the_golden_checkpoint_holds_what_this_platform_computes(clean_run):
+    """The golden checkpoint's weights and optimizer state are bitwise this platform's epoch 1.
+    They differ where the kernels round otherwise (another CPU or BLAS code path, another
+    torch) or where the code computes an iteration otherwise: the message tells them apart by
+    the platform the golden files were written on."""
+    golden = torch.load(next((GOLDEN / "engine-checkpoint").glob("fit-*/checkpoint-*.pt")),
+                        weights_only=True)
+    here = clean_run[1]
+    differing = {}
+    for part in ("model_state", "optimizer_state"):
+        for name, theirs, ours in _tensors(golden[part], here[part], part):
+            if not (theirs.dtype == ours.dtype and theirs.shape == ours.shape
+                    and torch.equal(theirs, ours)):
+                differing[name] = _ulps(theirs, ours)
+    recorded = _golden()["checkpoint platform"]
+    differences = platform_differences(recorded, numeric_platform())
+    assert not differing, (
+        f"the golden checkpoint's epoch 1 differs from this platform's in {differing} (most "
+        "units in the last place apart, per tensor). "
+        + (f"It was written on another numeric platform ({'; '.join(differences)}): its "
+           "rounding, not the code; write the golden files on the platform CI runs on"
+           if differences else f"identities.json records this platform for it ({recorded}): "
+           "the code likely computes an iteration otherwise than the head that wrote it"))
+
+
+def _tensors(theirs, ours, path: str):
+    """Each tensor of two nested states, with its path, in the order ``theirs`` holds them."""
+    if isinstance(theirs, torch.Tensor):
+        yield path, theirs, ours
+    elif isinstance(theirs, dict):
+        for key in theirs:
+            yield from _tensors(theirs[key], ours[key], f"{path}.{key}")
+    elif isinstance(theirs, (list, tuple)):
+        for k, item in enumerate(theirs):
+            yield from _tensors(item, ours[k], f"{path}[{k}]")
+
+
+def _ulps(a: torch.Tensor, b: torch.Tensor) -> int | str:
+    """The most units in the last place two float32 tensors are apart (their bits as ordered
+    integers)."""
+    if a.dtype != torch.float32 or b.dtype != a.dtype or a.shape != b.shape:
+        return f"{a.dtype}{list(a.shape)} against {b.dtype}{list(b.shape)}"
+    ordered = [torch.where(t < 0, -(t.view(torch.int32) & 0x7FFFFFFF), t.view(torch.int32))
+               .to(torch.int64) for t in (a, b)]
+    return int((ordered[0] - ordered[1]).abs().max())
 
 
 def write() -> None:
@@ -142,6 +220,7 @@ def write() -> None:
     spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false") \
         .getOrCreate()
     keys["estimator"] = estimator_keys(spark, work / "estimator")
+    keys["checkpoint platform"] = numeric_platform()
     spark.stop()
     GOLDEN.mkdir(exist_ok=True)
     (GOLDEN / "identities.json").write_text(json.dumps(keys, indent=1, sort_keys=True) + "\n")

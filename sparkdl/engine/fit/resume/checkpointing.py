@@ -40,6 +40,7 @@ from ....storage.checkpoint_store import FORMAT_VERSION, CheckpointStore
 from ....triggers import Trigger, planned_iterations
 from ..run_context import KEY_DEFAULTS, RunContext
 from ..reports.summary import IterationRecord, TrainingSummary, ValidationRecord
+from .numeric_platform import numeric_platform, platform_differences
 
 __all__ = ["CheckpointSetup", "Checkpoints", "shown", "held_state", "load_held_state"]
 
@@ -225,6 +226,7 @@ class Checkpoints:
                                  else (0, 0))
         log.warning("resuming from checkpoint %s: iteration %d, epoch %d", name, ctx.iteration,
                     ctx.iteration // ctx.plan.iterations_per_epoch)
+        _note_platform(name, state.get("platform"))
 
     def write(self, ctx: RunContext) -> str:
         """Write the run's whole state now; returns the checkpoint's path. The summary records
@@ -253,6 +255,7 @@ class Checkpoints:
             "epoch": ctx.iteration // ctx.plan.iterations_per_epoch,
             "run": ctx.resume_key(),
             "torch_rng_state": torch.get_rng_state(),
+            "platform": numeric_platform(),
             "triggers": [t.state_dict() for t in ctx.end_trigger.walk()],
             "best_states": {str(k): v for k, v in ctx.best_states.items()},
             "loss_scaler": (ctx.loss_scaler.state_dict() if ctx.loss_scaler is not None
@@ -269,6 +272,25 @@ class Checkpoints:
         self.store.remove_strays(parts)
         log.info("checkpoint written: %s", path)
         return path
+
+
+def _note_platform(name: str, recorded: dict[str, str] | None) -> None:
+    """Say when the checkpoint's writer rounded on another platform than this driver
+    (:mod:`sparkdl.engine.fit.resume.numeric_platform`): the fit continues from the
+    checkpoint's weights exactly, but the iterations from here on round as this platform does."""
+    if recorded is None:
+        log.info("the checkpoint %s does not record the platform it was written on (an earlier "
+                 "sparkdl wrote it): if that was other hardware or another torch, the weights "
+                 "from here on can differ in their last bits from a fit trained on one platform "
+                 "throughout", name)
+        return
+    differences = platform_differences(recorded, numeric_platform())
+    if differences:
+        log.warning("the checkpoint %s was written on another numeric platform: %s. The fit "
+                    "continues from its weights exactly, but this platform's kernels round "
+                    "differently, so the weights from here on can differ in their last bits "
+                    "from a fit trained on either platform throughout", name,
+                    "; ".join(differences))
 
 
 def _check_continuous(name: str, iteration: int, iterations: list[dict[str, Any]],
