@@ -50,14 +50,9 @@ def test_the_driver_job_bytes_setting_is_read_or_refused_by_name(sc):
             driver_job_bytes_setting(zero)
     with pytest.raises(InvalidArgumentError, match="of spark.driver.memory"):
         budgets({"spark.driver.memory": "big"}.get, "shuffle", 2)
-    x, y = classification_data(sum(SIZES), d=16, classes=4, seed=4)
-    rdd = make_rdd(sc, list(zip(x, y)), SIZES)
-    for value, message in (("lots", "'lots' of spark.sparkdl.driverJobBytes"),
-                           ("0", "spark.sparkdl.driverJobBytes='0'")):
-        with live_setting(sc, DRIVER_JOB_BYTES, value), JobCounter(sc) as jobs:
-            with pytest.raises(InvalidArgumentError, match=message):
-                make_fit(rdd, 8, 0.1).optimize()
-        assert jobs.count == 0
+    refused_before_any_job(sc, DRIVER_JOB_BYTES,
+                           [("lots", "'lots' of spark.sparkdl.driverJobBytes"),
+                            ("0", "spark.sparkdl.driverJobBytes='0'")])
 
 
 def test_budgets_follow_the_settings_as_spark_applies_them():
@@ -188,14 +183,9 @@ def test_a_record_budget_a_heap_cannot_hold_is_refused_before_any_job(sc):
     assert "240.0 MiB of records and task results in an executor's JVM" in str(err.value)
     assert 'allreduce="shuffle"' in str(err.value)
     # a fit on the session's local[2] (1g driver by default): refused before any job
-    x, y = classification_data(sum(SIZES), d=16, classes=4, seed=4)
-    rdd = make_rdd(sc, list(zip(x, y)), SIZES)
-    for value, message in (("300m", "maxRecordBytes=300m is more than the driver's heap"),
-                           ("lots", "'lots' of spark.sparkdl.maxRecordBytes")):
-        with live_setting(sc, MAX_RECORD_BYTES, value), JobCounter(sc) as jobs:
-            with pytest.raises(InvalidArgumentError, match=message):
-                make_fit(rdd, 8, 0.1).optimize()
-        assert jobs.count == 0
+    refused_before_any_job(sc, MAX_RECORD_BYTES,
+                           [("300m", "maxRecordBytes=300m is more than the driver's heap"),
+                            ("lots", "'lots' of spark.sparkdl.maxRecordBytes")])
 
 
 class Wide(nn.Module):
@@ -217,6 +207,18 @@ def make_fit(rdd, hidden: int, lr: float) -> DistriOptimizer:
                            torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
                            batch_size=16, end_trigger=MaxIteration(3), seed=2,
                            progress_bar=False, allreduce="driver")
+
+
+def refused_before_any_job(sc, key: str, cases: list[tuple[str, str]]) -> None:
+    """A fit on ``sc`` with each ``(value, message)`` of the setting ``key`` is refused with
+    an error matching ``message``, and no job runs."""
+    x, y = classification_data(sum(SIZES), d=16, classes=4, seed=4)
+    rdd = make_rdd(sc, list(zip(x, y)), SIZES)
+    for value, message in cases:
+        with live_setting(sc, key, value), JobCounter(sc) as jobs:
+            with pytest.raises(InvalidArgumentError, match=message):
+                make_fit(rdd, 8, 0.1).optimize()
+        assert jobs.count == 0
 
 
 @contextlib.contextmanager
