@@ -581,7 +581,8 @@ class DriverAllReduce:
         """One job, one stage (asking for ``resources`` when given)."""
         submitted_at = time.time()
         index = self._jobs.index(index_rdd)
-        mapped = index.jobs.map_partitions(index, DriverMapSide(local_fn, self.codec, self.record_bytes), resources)
+        mapped = index.jobs.map_partitions(
+            index, DriverMapSide(local_fn, self.codec, self.record_bytes), resources)
         messages = collect_messages(mapped, lambda head: None, self._jobs.call_site,
                                     expected=self._jobs.num_partitions)
         returned_at, t0 = time.time(), time.perf_counter()

@@ -11,7 +11,7 @@ A pass (:mod:`sparkdl.engine.fit_set`) holds every one of its fits at once:
   driver AllReduce path, the reduced blocks once on the shuffle path), through the driver's JVM;
 * at the driver, in Python: every fit's weights, gradient vector and optimizer state.
 
-Three settings bound that, and :func:`plan_passes` splits a set of fits into passes that stay
+These settings bound that, and :func:`plan_passes` splits a set of fits into passes that stay
 within each:
 
 ``spark.driver.maxResultSize`` (default 1g; 0: no limit)
@@ -34,7 +34,7 @@ within each:
     serialized as a task's result, sent), for each task it runs at once
     (``spark.executor.cores / spark.task.cpus``; the cores of ``local-cluster[n,c,m]``), so an
     executor's heap beyond Spark's :data:`RESERVED_HEAP` must hold that many, and the driver's
-    a piece's besides a job's results: what the model's size never changes. A record budget
+    those of a piece it seeds: what the model's size never changes. A record budget
     that a heap cannot hold is refused before any job, naming the settings (a local master's
     tasks run in the driver's JVM and pass their vectors as files: only the driver is
     checked there). On the driver path a task's result is its whole vector: a fit whose
