@@ -43,6 +43,7 @@ __all__ = ["RECOMMENDED_CONF", "LOCAL_JAVA_OPTIONS", "recommended_conf", "is_loc
            "speculation_never_fires", "spark_setting", "spark_session", "sets_pyspark_python",
            "shard_replicas",
            "SHARD_REPLICAS", "DRIVER_JOB_BYTES", "driver_job_bytes_setting", "spark_bytes",
+           "MAX_RECORD_BYTES", "DEFAULT_RECORD_BYTES", "max_record_bytes_setting",
            "spark_flag", "spark_number"]
 
 RECOMMENDED_CONF: dict[str, str] = {
@@ -83,24 +84,60 @@ def spark_bytes(value: str, default_unit: str = "m", setting: str | None = None)
             "optional unit (b, k, m, g, t, p), such as 512m or 2g") from None
 
 
+def _positive_size(setting: str, value: str | None, refusal: str) -> int | None:
+    """``value`` of ``setting`` in bytes (a bare number is bytes), None when unset; an
+    :class:`~sparkdl.errors.InvalidArgumentError` naming the setting when it is not a size, or
+    ``refusal`` (what the setting means) when it is not above 0."""
+    if value is None or not str(value).strip():
+        return None
+    size = spark_bytes(str(value), "b", setting)
+    if size <= 0:
+        from .errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"{setting}={value!r}: {refusal}")
+    return size
+
+
 def driver_job_bytes_setting(value: str | None) -> int | None:
     """``spark.sparkdl.driverJobBytes`` (:data:`DRIVER_JOB_BYTES`) in bytes (a bare number is
     bytes), None when it is not set; an :class:`~sparkdl.errors.InvalidArgumentError` naming
     the setting when its value is not a size above 0.
 
     Example: ``driver_job_bytes_setting(spark_setting(sc, DRIVER_JOB_BYTES) or None)``"""
-    if value is None or not str(value).strip():
-        return None
-    size = spark_bytes(str(value), "b", DRIVER_JOB_BYTES)
-    if size <= 0:
-        from .errors import InvalidArgumentError
+    return _positive_size(
+        DRIVER_JOB_BYTES, value,
+        "the setting is the most bytes of task results one job may hand the driver, and no "
+        "job's results fit in none. Give a size such as 256m, or leave it unset (by default "
+        "an eighth of the driver's heap and half of spark.driver.maxResultSize).")
 
-        raise InvalidArgumentError(
-            f"{DRIVER_JOB_BYTES}={value!r}: the setting is the most bytes of task results one "
-            "job may hand the driver, and no job's results fit in none. Give a size such as "
-            "256m, or leave it unset (by default an eighth of the driver's heap and half of "
-            "spark.driver.maxResultSize).")
-    return size
+
+MAX_RECORD_BYTES = "spark.sparkdl.maxRecordBytes"
+"""The most bytes of a vector one record carries through a JVM: a shuffle record (a frame a
+task's Python hands its executor's JVM, or a reducer's), a block of the AllReduce (one
+reducer's sum, the result of its task) and a broadcast piece (the weights seeded by the
+driver's block manager, assembled by each executor's). A JVM then holds a few records at a
+time for each task it runs, never the model. Default :data:`DEFAULT_RECORD_BYTES`; a value
+that the executors' or the driver's heap cannot hold is refused before any job
+(:mod:`sparkdl.engine.strategies.sync.pass_memory`)."""
+
+DEFAULT_RECORD_BYTES = 32 << 20
+"""The default of :data:`MAX_RECORD_BYTES`: 32 MiB (eight of Spark's 4 MiB torrent blocks a
+broadcast piece)."""
+
+
+def max_record_bytes_setting(value: str | None) -> int:
+    """``spark.sparkdl.maxRecordBytes`` (:data:`MAX_RECORD_BYTES`) in bytes (a bare number is
+    bytes), :data:`DEFAULT_RECORD_BYTES` when it is not set; an
+    :class:`~sparkdl.errors.InvalidArgumentError` naming the setting when its value is not a
+    size above 0.
+
+    Example: ``max_record_bytes_setting(spark_setting(sc, MAX_RECORD_BYTES) or None)``"""
+    size = _positive_size(
+        MAX_RECORD_BYTES, value,
+        "the setting is the most bytes of a vector one shuffle record, task result or "
+        "broadcast piece carries through a JVM, and none carries nothing. Give a size such as "
+        "16m, or leave it unset (32m).")
+    return DEFAULT_RECORD_BYTES if size is None else size
 
 
 def spark_setting(sc: Any, key: str, default: str = "") -> str:

@@ -570,6 +570,56 @@ def test_large_values_are_broadcast_in_pieces_and_read_back_whole(sc):
     state_handle.destroy()
 
 
+def test_records_blocks_and_pieces_stay_within_the_record_budget(sc, monkeypatch):
+    """spark.sparkdl.maxRecordBytes bounds what any one JVM record carries, whatever the
+    vector's size: a block is at most the budget (a vector above 200 budgets gets one block per
+    budget; 200 blocks stay the most a job's share of the sums makes), a block and a reducer's
+    sum travel in frames of at most the budget, a broadcast in pieces of at most it. The sums
+    through the JVM are bitwise the one-block sum, on both paths."""
+    from models import JobCounter
+    from sparkdl.spark_settings import MAX_RECORD_BYTES
+    from sparkdl.transport.allreduce import (DriverAllReduce, ShuffleAllReduce, ShuffleMapSide,
+                                             shuffle_blocks)
+    from sparkdl.transport.pieced_broadcast import PiecedValue
+    from sparkdl.transport.python_jobs import PythonJobs
+
+    mib = 1 << 20
+    assert shuffle_blocks(10 << 30, 2) == 320                 # 32 MiB blocks by default
+    assert shuffle_blocks(10 << 30, 2, job_bytes=mib) == 320  # the budget wins over the cap
+    assert shuffle_blocks(400 * mib, 2, job_bytes=mib) == 200  # a job's share: 200 at most
+    assert shuffle_blocks(100 * mib, 2, record_bytes=mib) == 100
+    assert shuffle_blocks(100 * mib, 120, record_bytes=mib) == 120
+    n, size, record = 3, 10_001, 4_000
+    vectors = _vectors(n, size)
+    local_fn = lambda p, _: (vectors[p], _Report(p, False))       # noqa: E731
+    allreduce = ShuffleAllReduce(size, np.float32, 2, record_bytes=record)
+    side = ShuffleMapSide(local_fn, allreduce.bounds, allreduce.num_blocks, allreduce.codec,
+                          allreduce.row_bounds, None, record)
+    items = list(side(1, iter([None])))
+    sizes = [len(memoryview(item).cast("B")) for item in items[1::2]]    # keys between frames
+    assert max(sizes) == record and sum(s for s in sizes if s == record) == 10 * record
+    monkeypatch.setattr(PythonJobs.of(sc), "_local_dir", None)      # as on a cluster
+    index = sc.parallelize(range(n), n).cache()
+    with JobCounter(sc) as jobs:
+        assert np.array_equal(allreduce.run(index, local_fn).vector, _expected_sum(vectors))
+    assert jobs.count == 1
+    allreduce.settle()
+    assert np.array_equal(DriverAllReduce(size, np.float32, record_bytes=record)
+                          .run(index, local_fn).vector, _expected_sum(vectors))
+    value = np.arange(50_000, dtype=np.float32)
+    conf = sc._jsc.sc().conf()
+    conf.set(MAX_RECORD_BYTES, "64k")
+    try:
+        handle = PythonJobs.of(sc).broadcast(value)
+    finally:
+        conf.remove(MAX_RECORD_BYTES)
+    # the pickle stream, and the array's 200,000 bytes in four pieces
+    assert isinstance(handle, PiecedValue) and len(handle.pieces) == 5
+    assert sc.parallelize(range(2), 2).map(
+        lambda _: handle.value.tobytes() == value.tobytes()).collect() == [True, True]
+    handle.destroy(blocking=True)
+
+
 def test_a_result_stream_cut_short_is_an_error(sc):
     """The JVM ends a job's result stream by closing it, so a stream cut between two messages
     looks like its end: a reader told how many messages the job yields refuses fewer (or

@@ -50,14 +50,9 @@ def test_the_driver_job_bytes_setting_is_read_or_refused_by_name(sc):
             driver_job_bytes_setting(zero)
     with pytest.raises(InvalidArgumentError, match="of spark.driver.memory"):
         budgets({"spark.driver.memory": "big"}.get, "shuffle", 2)
-    x, y = classification_data(sum(SIZES), d=16, classes=4, seed=4)
-    rdd = make_rdd(sc, list(zip(x, y)), SIZES)
-    for value, message in (("lots", "'lots' of spark.sparkdl.driverJobBytes"),
-                           ("0", "spark.sparkdl.driverJobBytes='0'")):
-        with live_setting(sc, DRIVER_JOB_BYTES, value), JobCounter(sc) as jobs:
-            with pytest.raises(InvalidArgumentError, match=message):
-                make_fit(rdd, 8, 0.1).optimize()
-        assert jobs.count == 0
+    refused_before_any_job(sc, DRIVER_JOB_BYTES,
+                           [("lots", "'lots' of spark.sparkdl.driverJobBytes"),
+                            ("0", "spark.sparkdl.driverJobBytes='0'")])
 
 
 def test_budgets_follow_the_settings_as_spark_applies_them():
@@ -132,6 +127,67 @@ def test_passes_are_cut_where_a_budget_would_be_exceeded(caplog):
                                                   2)) == [[0, 1]]
 
 
+def test_a_record_budget_a_heap_cannot_hold_is_refused_before_any_job(sc):
+    """spark.sparkdl.maxRecordBytes (32m by default) bounds every record, task result and
+    broadcast piece crossing a JVM, so what a JVM holds follows it, never the model: each task
+    an executor runs at once holds its largest record about three times, the driver a piece
+    as it seeds it. A budget that the executors' heaps (beyond Spark's reserved 300 MiB) or the
+    driver's cannot hold is refused before any job, naming the setting; so is a driver-path fit
+    whose whole vector, a task's result there, the executors cannot hold."""
+    from sparkdl.spark_settings import MAX_RECORD_BYTES, max_record_bytes_setting
+
+    mib = 1 << 20
+    assert max_record_bytes_setting(None) == 32 * mib
+    assert max_record_bytes_setting("1048576") == mib           # a bare number: bytes
+    for zero in ("0", "-5"):
+        with pytest.raises(InvalidArgumentError,
+                           match=rf"spark\.sparkdl\.maxRecordBytes='{zero}': the setting is "
+                                 "the most bytes of a vector one shuffle record"):
+            max_record_bytes_setting(zero)
+    cluster = {"spark.master": "local-cluster[2,1,512]", "spark.executor.memory": "512m",
+               "spark.driver.memory": "2g"}
+    by_name = {b.setting: b for b in budgets({**cluster, "spark.driver.memory": "512m"}.get,
+                                             "shuffle", 2)}
+    executor = by_name["spark.executor.memory"]
+    assert executor.bytes == 212 * mib                          # 512m less the reserved 300
+    model = Footprint(weights=192 * mib, vector=192 * mib, optimizer_state=0)
+    assert executor.needs([model]) == 3 * 32 * mib              # the model's size aside
+    assert executor.needs([model] * 8) == 3 * 32 * mib
+    assert plan_passes([0], [model], list(by_name.values())) == [[0]]
+    for settings, message in [
+            ({**cluster, MAX_RECORD_BYTES: "80m"},
+             r"^spark\.sparkdl\.maxRecordBytes=80m is more than the executors' heaps can hold "
+             r"\(spark\.executor\.memory=512m\): each executor runs 1 task\(s\) at once .* "
+             r"\(240 MiB\), and the heap has 212 MiB beyond Spark's reserved 300 MiB\. Lower "
+             r"spark\.sparkdl\.maxRecordBytes or raise spark\.executor\.memory; nothing has "
+             "run yet"),
+            ({**cluster, "spark.master": "local-cluster[2,2,1024]", MAX_RECORD_BYTES: "40m"},
+             r"executors' heaps .* each executor runs 2 task\(s\) at once"),
+            ({**cluster, "spark.master": "spark://h:7077", "spark.executor.cores": "4"},
+             r"maxRecordBytes \(32m by default\) is more than the executors' heaps can hold "
+             r"\(spark\.executor\.memory=512m\): each executor runs 4 task\(s\)"),
+            ({"spark.master": "local[2]", "spark.driver.memory": "512m",
+              MAX_RECORD_BYTES: "80m"},
+             r"^spark\.sparkdl\.maxRecordBytes=80m is more than the driver's heap can hold "
+             r"\(spark\.driver\.memory=512m\)")]:
+        with pytest.raises(InvalidArgumentError, match=message):
+            budgets(settings.get, "shuffle", 2)
+    # one task at a time on two cores, each of 4 CPUs: the same 40m records fit
+    budgets({**cluster, "spark.master": "local-cluster[2,2,1024]", MAX_RECORD_BYTES: "40m",
+             "spark.task.cpus": "2"}.get, "shuffle", 2)
+    # on the driver path a task's result is its whole vector
+    driver = budgets({**cluster, "spark.driver.memory": "4g"}.get, "driver", 2)
+    with pytest.raises(InvalidArgumentError) as err:
+        plan_passes([0], [Footprint(0, 80 * mib, 0)], driver)
+    assert "fit 0 cannot train within spark.executor.memory=512m" in str(err.value)
+    assert "240.0 MiB of records and task results in an executor's JVM" in str(err.value)
+    assert 'allreduce="shuffle"' in str(err.value)
+    # a fit on the session's local[2] (1g driver by default): refused before any job
+    refused_before_any_job(sc, MAX_RECORD_BYTES,
+                           [("300m", "maxRecordBytes=300m is more than the driver's heap"),
+                            ("lots", "'lots' of spark.sparkdl.maxRecordBytes")])
+
+
 class Wide(nn.Module):
     """An MLP whose gradient vector is ``hidden`` x 48 floats and a little more."""
 
@@ -151,6 +207,18 @@ def make_fit(rdd, hidden: int, lr: float) -> DistriOptimizer:
                            torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
                            batch_size=16, end_trigger=MaxIteration(3), seed=2,
                            progress_bar=False, allreduce="driver")
+
+
+def refused_before_any_job(sc, key: str, cases: list[tuple[str, str]]) -> None:
+    """A fit on ``sc`` with each ``(value, message)`` of the setting ``key`` is refused with
+    an error matching ``message``, and no job runs."""
+    x, y = classification_data(sum(SIZES), d=16, classes=4, seed=4)
+    rdd = make_rdd(sc, list(zip(x, y)), SIZES)
+    for value, message in cases:
+        with live_setting(sc, key, value), JobCounter(sc) as jobs:
+            with pytest.raises(InvalidArgumentError, match=message):
+                make_fit(rdd, 8, 0.1).optimize()
+        assert jobs.count == 0
 
 
 @contextlib.contextmanager

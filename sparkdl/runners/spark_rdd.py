@@ -136,8 +136,10 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
             self._resources = gpu_task_profile(self.spark_context, options.device,
                                                self.task_cores())
             self._broadcast = PythonJobs.of(self.spark_context).broadcast
+        jobs = PythonJobs.of(self.spark_context)
         allreduce = make_allreduce(layout, options.allreduce, train.num_partitions,
-                                   options.num_blocks, options.compression, driver_job_share(self.spark_context))
+                                   options.num_blocks, options.compression,
+                                   driver_job_share(self.spark_context), jobs.record_bytes())
         publisher = RefreshPublisher(
             lambda value: self._broadcast(value), layout.fingerprint,
             deltas=self._flag("spark.sparkdl.rowDeltas", True),
@@ -204,7 +206,9 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
             self._passes = {key: make_pass_allreduce(sum(sizes), dtype, options.allreduce,
                                                      data.num_partitions, options.num_blocks,
                                                      codec, pass_table_rows(layouts),
-                                                     driver_job_share(self.spark_context))}
+                                                     driver_job_share(self.spark_context),
+                                                     PythonJobs.of(self.spark_context)
+                                                     .record_bytes())}
         return self._passes[key]
 
     def evaluate(self, data: CachedData, weights: np.ndarray,

@@ -8,7 +8,8 @@ how the sum is made. Two ways exist:
   ``K`` contiguous blocks and emits ``(k, block_k)``; a shuffle brings block ``k`` of every task to
   reduce partition ``k``, which sums them in partition order; the driver collects the ``K`` sums.
   One Spark job, two stages; each reducer moves ``1/K`` of the data. A large vector is cut into
-  blocks of at most :data:`~sparkdl.transport.pieced_broadcast.PIECE_BYTES`, and the sums reach
+  blocks of at most ``record_bytes`` (``spark.sparkdl.maxRecordBytes``, 32 MiB by default),
+  every block travels in frames of at most that (one JVM record each), and the sums reach
   the driver in jobs of at most ``job_bytes`` each (the later jobs run only reduce tasks, over
   the map outputs Spark keeps): no object in the driver's JVM grows with the model, and no job's
   results exceed ``spark.driver.maxResultSize`` (:func:`driver_job_bytes`). On a ``local[...]``
@@ -46,7 +47,8 @@ from .codecs import ExactCodec, make_codec
 from .flat_layout import ParamLayout
 from .pieced_broadcast import PIECE_BYTES
 from .table_rows import Rows, join_rows, split_rows, sum_rows
-from .frames import collect_messages, keyed_frame, message_frames, read_messages, shuffle_frames
+from .frames import (MAX_FRAME_BYTES, collect_messages, keyed_frame, message_frames,
+                     read_messages, shuffle_frames)
 from .python_jobs import IterationJobs, JobRdd
 from .filled_blocks import FilledReport, union_frames, unwrap_filled
 from .stream_reads import read_exactly
@@ -84,22 +86,28 @@ DRIVER_HEAP_SHARE = 8
 results per iteration ran a 1 GiB heap out of memory (bench/allreduce_crossover.py)."""
 
 MAX_SHUFFLE_BLOCKS = 200
-"""At most this many blocks (reduce partitions) are made to keep blocks small: up to
-``spark.shuffle.sort.bypassMergeThreshold`` (200) a map task writes each block straight to its
-file, above it Spark sorts its records in memory first."""
+"""At most this many blocks (reduce partitions) are made to keep a job's share of the sums
+(``job_bytes``) small: up to ``spark.shuffle.sort.bypassMergeThreshold`` (200) a map task writes
+each block straight to its file, above it Spark sorts its records first (in its execution
+memory, spilling to disk). The record budget (``spark.sparkdl.maxRecordBytes``) is never
+given up for it: a vector above 200 records gets a block per record."""
 
 
-def shuffle_blocks(vector_bytes: int, requested: int, job_bytes: int | None = None) -> int:
+def shuffle_blocks(vector_bytes: int, requested: int, job_bytes: int | None = None,
+                   record_bytes: int = PIECE_BYTES) -> int:
     """The number of blocks of a ``vector_bytes`` vector: ``requested``, or more where its
-    blocks would exceed :data:`~sparkdl.transport.pieced_broadcast.PIECE_BYTES` or
-    ``job_bytes`` (at most :data:`MAX_SHUFFLE_BLOCKS` for that)."""
-    largest = PIECE_BYTES if job_bytes is None else max(1, min(PIECE_BYTES, job_bytes))
-    needed = min(MAX_SHUFFLE_BLOCKS, -(-int(vector_bytes) // largest))
+    blocks would exceed ``record_bytes`` (``spark.sparkdl.maxRecordBytes``: as many as that
+    needs) or ``job_bytes`` (at most :data:`MAX_SHUFFLE_BLOCKS` for that)."""
+    record_bytes = max(1, int(record_bytes))
+    largest = record_bytes if job_bytes is None else max(1, min(record_bytes, job_bytes))
+    records = -(-int(vector_bytes) // record_bytes)
+    needed = max(records, min(MAX_SHUFFLE_BLOCKS, -(-int(vector_bytes) // largest)))
     return max(int(requested), needed)
 
 
 def job_intake(vector_bytes: int, path: str, num_partitions: int,
-               num_blocks: int | None = None, job_bytes: int | None = None) -> int:
+               num_blocks: int | None = None, job_bytes: int | None = None,
+               record_bytes: int = PIECE_BYTES) -> int:
     """The most bytes of task results (vectors, before their headers) one job of this
     AllReduce hands the driver: every partition's vector on the driver path; on the shuffle
     path as many blocks as fit in ``job_bytes`` (one at least)."""
@@ -107,7 +115,7 @@ def job_intake(vector_bytes: int, path: str, num_partitions: int,
         path = choose_allreduce(vector_bytes, num_partitions, job_bytes)
     if path == "driver":
         return int(vector_bytes) * num_partitions
-    blocks = shuffle_blocks(vector_bytes, num_blocks or num_partitions, job_bytes)
+    blocks = shuffle_blocks(vector_bytes, num_blocks or num_partitions, job_bytes, record_bytes)
     block = max(1, -(-int(vector_bytes) // blocks))
     return min(int(vector_bytes), blocks_per_job(block, blocks, job_bytes) * block)
 
@@ -262,12 +270,15 @@ class ShuffleAllReduce:
             by ``(fit, parameter)``).
         job_bytes: the most bytes of sums one job hands the driver (:func:`driver_job_bytes`;
             None: all in one job); a vector above it is collected in several jobs.
+        record_bytes: the most bytes of a frame (one record in a JVM) of a block or a sum
+            (``spark.sparkdl.maxRecordBytes``).
     """
 
     def __init__(self, size: int, dtype: np.dtype, num_blocks: int, codec: Any = None,
-                 table_rows: dict[Any, int] | None = None, job_bytes: int | None = None
-                 ) -> None:
+                 table_rows: dict[Any, int] | None = None, job_bytes: int | None = None,
+                 record_bytes: int = MAX_FRAME_BYTES) -> None:
         self.size = int(size)
+        self.record_bytes = int(record_bytes)
         self.dtype = np.dtype(dtype)
         self.bounds = block_bounds(size, num_blocks)
         self.num_blocks = len(self.bounds) - 1
@@ -299,7 +310,7 @@ class ShuffleAllReduce:
             self._map_dir = tempfile.mkdtemp(prefix="sparkdl-maps-", dir=local_dir)
         mapped = index.jobs.map_partitions(
             index, ShuffleMapSide(local_fn, self.bounds, self.num_blocks, self.codec,
-                                  self.row_bounds, self._map_dir), resources)
+                                  self.row_bounds, self._map_dir, self.record_bytes), resources)
         self._shuffled = shuffle_frames(mapped, self.num_blocks)
         self._fills = []
         return self._reduce(self._shuffled, submitted_at)
@@ -316,7 +327,7 @@ class ShuffleAllReduce:
         they compute the vectors themselves): the last :meth:`run`'s blocks, codec and map
         files."""
         return ShuffleMapSide(None, self.bounds, self.num_blocks, self.codec, self.row_bounds,
-                              self._map_dir)
+                              self._map_dir, self.record_bytes)
 
     def complete(self, result: AllReduceResult, fill_map: JobRdd | None
                  ) -> tuple[AllReduceResult, dict[int, Any]]:
@@ -377,7 +388,8 @@ class ShuffleAllReduce:
         fills' shuffles: a partition's later map output replaces its earlier one), collected."""
         result_dir = shuffled.jobs.local_dir
         reduce_side = ShuffleReduceSide(self.bounds, self.codec, self.row_bounds,
-                                        self.num_blocks, self.dtype, result_dir)
+                                        self.num_blocks, self.dtype, result_dir,
+                                        self.record_bytes)
         bounds = self.bounds
         vector = np.empty(self.size, dtype=self.dtype)
         reduced = shuffled.jobs.map_partitions(shuffled, reduce_side)
@@ -423,6 +435,7 @@ class ShuffleMapSide:
     codec: Any
     row_bounds: dict[Any, np.ndarray]     # by parameter, or a pass's (fit, parameter)
     map_dir: str | None = None            # a local master's: the vector goes to a file there
+    frame_bytes: int = MAX_FRAME_BYTES    # the largest frame (JVM record) of a block
 
     def __call__(self, partition: int, records: Iterator[Any]) -> Iterator[Any]:
         summaries = list(records)
@@ -448,7 +461,7 @@ class ShuffleMapSide:
             block = (None if vector is None or where is not None else
                      self.codec.encode(vector[bounds[k]:bounds[k + 1]], int(bounds[k])))
             for frame in message_frames((partition, report if k == 0 else None, rows[k],
-                                         absent, where), block):
+                                         absent, where), block, self.frame_bytes):
                 yield from keyed_frame(k, frame)
 
 
@@ -465,6 +478,7 @@ class ShuffleReduceSide:
     num_blocks: int
     dtype: np.dtype
     result_dir: str | None = None     # a local master's: the sum goes to a file there
+    frame_bytes: int = MAX_FRAME_BYTES    # the largest frame (JVM record) of the sum
 
     def __call__(self, k: int, frames: Iterator[bytes]) -> Iterator[Any]:
         started_at, t0 = time.time(), time.perf_counter()
@@ -488,7 +502,7 @@ class ShuffleReduceSide:
             total = None
         yield from message_frames(
             (k, reports, time.perf_counter() - t0, started_at, time.time(), row_sums, where),
-            total)
+            total, self.frame_bytes)
 
 
 def write_vector_file(directory: str, name: str, values: np.ndarray) -> str:
@@ -520,12 +534,13 @@ class DriverMapSide:
 
     local_fn: Any
     codec: Any
+    frame_bytes: int = MAX_FRAME_BYTES    # the largest frame (JVM record) of the vector
 
     def __call__(self, partition: int, records: Iterator[Any]) -> Iterator[Any]:
         summaries = list(records)
         vector, report = self.local_fn(partition, summaries[0] if summaries else None)
         yield from message_frames(report, None if vector is None else
-                                  self.codec.encode(vector, 0))
+                                  self.codec.encode(vector, 0), self.frame_bytes)
 
 
 def _rows_by_block(report: Any, row_bounds: dict[Any, np.ndarray], num_blocks: int
@@ -551,9 +566,11 @@ def _sum_row_parts(row_parts: list[tuple[int, dict[Any, Rows] | None]],
 class DriverAllReduce:
     """One-stage AllReduce: tasks return whole vectors, the driver sums them in partition order."""
 
-    def __init__(self, size: int, dtype: np.dtype, codec: Any = None) -> None:
+    def __init__(self, size: int, dtype: np.dtype, codec: Any = None,
+                 record_bytes: int = MAX_FRAME_BYTES) -> None:
         self.size = int(size)
         self.dtype = np.dtype(dtype)
+        self.record_bytes = int(record_bytes)
         self.codec = codec if codec is not None else ExactCodec(self.dtype)
         self._jobs = IterationJobs("sparkdl iteration (driver all-reduce)")
 
@@ -564,7 +581,8 @@ class DriverAllReduce:
         """One job, one stage (asking for ``resources`` when given)."""
         submitted_at = time.time()
         index = self._jobs.index(index_rdd)
-        mapped = index.jobs.map_partitions(index, DriverMapSide(local_fn, self.codec), resources)
+        mapped = index.jobs.map_partitions(
+            index, DriverMapSide(local_fn, self.codec, self.record_bytes), resources)
         messages = collect_messages(mapped, lambda head: None, self._jobs.call_site,
                                     expected=self._jobs.num_partitions)
         returned_at, t0 = time.time(), time.perf_counter()
@@ -605,26 +623,26 @@ def reported_absent(reports: Iterable[Any]) -> dict[int, Any]:
 
 def make_pass_allreduce(size: int, dtype: np.dtype, path: str, num_partitions: int,
                         num_blocks: int | None = None, codec: Any = None,
-                        table_rows: dict[Any, int] | None = None, job_bytes: int | None = None
-                        ) -> "ShuffleAllReduce | DriverAllReduce":
+                        table_rows: dict[Any, int] | None = None, job_bytes: int | None = None,
+                        record_bytes: int = PIECE_BYTES) -> "ShuffleAllReduce | DriverAllReduce":
     """The AllReduce of a pass's vectors: every fit's vector, one after another, ``size``
     values of ``dtype`` in all (:mod:`sparkdl.engine.fit_set`), through ``codec``
     (:func:`sparkdl.transport.codecs.make_pass_codec`; default exact), every fit's embedding
     tables' rows (``table_rows``: their row counts by ``(fit, parameter)``) summed by block on
-    the shuffle path (``job_bytes``: as :class:`ShuffleAllReduce`'s)."""
+    the shuffle path (``job_bytes``, ``record_bytes``: as :class:`ShuffleAllReduce`'s)."""
     dtype = np.dtype(dtype)
     if path == "auto":
         path = choose_allreduce(size * dtype.itemsize, num_partitions, job_bytes)
     if path == "driver":
-        return DriverAllReduce(size, dtype, codec)
+        return DriverAllReduce(size, dtype, codec, record_bytes)
     return ShuffleAllReduce(size, dtype, _blocks(size * dtype.itemsize, num_blocks,
-                                                 num_partitions, job_bytes),
-                            codec, table_rows, job_bytes)
+                                                 num_partitions, job_bytes, record_bytes),
+                            codec, table_rows, job_bytes, record_bytes)
 
 
 def _blocks(vector_bytes: int, num_blocks: int | None, num_partitions: int,
-            job_bytes: int | None) -> int:
-    blocks = shuffle_blocks(vector_bytes, num_blocks or num_partitions, job_bytes)
+            job_bytes: int | None, record_bytes: int) -> int:
+    blocks = shuffle_blocks(vector_bytes, num_blocks or num_partitions, job_bytes, record_bytes)
     if num_blocks and blocks > num_blocks:
         log.warning("num_blocks=%d would make %.1f MiB blocks, more than one job may hand the "
                     "driver or one broadcast piece: using %d blocks (the same sums: blocks only "
@@ -634,15 +652,18 @@ def _blocks(vector_bytes: int, num_blocks: int | None, num_partitions: int,
 
 def make_allreduce(layout: ParamLayout, path: str, num_partitions: int,
                    num_blocks: int | None = None, compression: str | None = None,
-                   job_bytes: int | None = None) -> "ShuffleAllReduce | DriverAllReduce":
+                   job_bytes: int | None = None, record_bytes: int = PIECE_BYTES
+                   ) -> "ShuffleAllReduce | DriverAllReduce":
     """The AllReduce for ``path`` ("auto", "shuffle" or "driver") over vectors of ``layout``
-    (``job_bytes``: as :class:`ShuffleAllReduce`'s)."""
+    (``job_bytes``, ``record_bytes``: as :class:`ShuffleAllReduce`'s)."""
     codec = make_codec(compression, layout.numpy_dtype, layout.num_param_values)
     vector_bytes = layout.size * layout.numpy_dtype.itemsize
     if path == "auto":
         path = choose_allreduce(vector_bytes, num_partitions, job_bytes)
     if path == "driver":
-        return DriverAllReduce(layout.size, layout.numpy_dtype, codec)
+        return DriverAllReduce(layout.size, layout.numpy_dtype, codec, record_bytes)
     return ShuffleAllReduce(layout.size, layout.numpy_dtype,
-                            _blocks(vector_bytes, num_blocks, num_partitions, job_bytes), codec,
-                            {k: layout.params[k].shape[0] for k in layout.tables}, job_bytes)
+                            _blocks(vector_bytes, num_blocks, num_partitions, job_bytes,
+                                    record_bytes), codec,
+                            {k: layout.params[k].shape[0] for k in layout.tables}, job_bytes,
+                            record_bytes)

@@ -83,13 +83,15 @@ def read_header(frame: bytes) -> Any:
     return pickle.loads(frame)
 
 
-def buffer_frames(buffer: Any) -> list[memoryview]:
-    """``buffer`` (bytes or a contiguous numpy array) as frames of at most
-    :data:`MAX_FRAME_BYTES`, without copying."""
+def buffer_frames(buffer: Any, frame_bytes: int = MAX_FRAME_BYTES) -> list[memoryview]:
+    """``buffer`` (bytes or a contiguous numpy array) as frames of at most ``frame_bytes``
+    (never above :data:`MAX_FRAME_BYTES`), without copying: each frame is one record, and one
+    allocation, in the JVM that reads it."""
     view = memoryview(buffer).cast("B")
-    if len(view) <= MAX_FRAME_BYTES:
+    step = max(1, min(int(frame_bytes), MAX_FRAME_BYTES))
+    if len(view) <= step:
         return [view]
-    return [view[lo:lo + MAX_FRAME_BYTES] for lo in range(0, len(view), MAX_FRAME_BYTES)]
+    return [view[lo:lo + step] for lo in range(0, len(view), step)]
 
 
 def join_frames(frames: list[bytes]) -> bytes:
@@ -97,10 +99,11 @@ def join_frames(frames: list[bytes]) -> bytes:
     return frames[0] if len(frames) == 1 else b"".join(frames)
 
 
-def message_frames(head: Any, payload: Any) -> Iterator[Any]:
+def message_frames(head: Any, payload: Any, frame_bytes: int = MAX_FRAME_BYTES
+                   ) -> Iterator[Any]:
     """A message: a header frame holding ``head`` and the payload's frame count, then the
-    payload's frames (none when ``payload`` is None)."""
-    frames = [] if payload is None else buffer_frames(payload)
+    payload's frames of at most ``frame_bytes`` each (none when ``payload`` is None)."""
+    frames = [] if payload is None else buffer_frames(payload, frame_bytes)
     yield header((head, len(frames)))
     yield from frames
 

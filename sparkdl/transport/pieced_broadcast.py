@@ -36,15 +36,17 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..spark_settings import DEFAULT_RECORD_BYTES
 from .stream_reads import read_exactly
 
 __all__ = ["PIECE_BYTES", "PiecedValue", "FileValue", "pieced_broadcast"]
 
 log = logging.getLogger(__name__)
 
-PIECE_BYTES = 32 << 20
-"""The largest broadcast :func:`pieced_broadcast` makes (and the largest block a large vector's
-AllReduce hands the driver: :mod:`sparkdl.transport.allreduce`)."""
+PIECE_BYTES = DEFAULT_RECORD_BYTES
+"""The largest broadcast :func:`pieced_broadcast` makes by default (and the largest block a
+large vector's AllReduce hands the driver: :mod:`sparkdl.transport.allreduce`); the setting
+``spark.sparkdl.maxRecordBytes`` chooses another (:mod:`sparkdl.spark_settings`)."""
 
 
 class _SegmentedValue:

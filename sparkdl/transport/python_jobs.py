@@ -39,6 +39,7 @@ from typing import Any, Callable
 from pyspark import Broadcast
 from pyspark.serializers import CloudPickleSerializer, NoOpSerializer
 
+from ..spark_settings import MAX_RECORD_BYTES, max_record_bytes_setting, spark_setting
 from .pieced_broadcast import pieced_broadcast
 
 __all__ = ["IterationJobs", "JobRdd", "PythonJobs", "user_call_site"]
@@ -144,11 +145,17 @@ class PythonJobs:
     def broadcast(self, value: Any) -> Any:
         """``sc.broadcast(value)`` (a pyspark ``Broadcast``, the same in tasks and to destroy)
         without its two reflection look-ups per call; with I/O encryption on, pyspark's own. A
-        value above :data:`~sparkdl.transport.pieced_broadcast.PIECE_BYTES` goes in pieces, or
-        on a local master as a file the tasks read
+        value above :meth:`record_bytes` goes in pieces of at most that, or on a local master
+        as a file the tasks read
         (:func:`~sparkdl.transport.pieced_broadcast.pieced_broadcast`: a handle with the same
         ``value`` and ``destroy``)."""
-        return pieced_broadcast(self._one_broadcast, value, local_dir=self._local_dir)
+        return pieced_broadcast(self._one_broadcast, value, self.record_bytes(),
+                                local_dir=self._local_dir)
+
+    def record_bytes(self) -> int:
+        """The most bytes of a vector one record, block or broadcast piece carries through a
+        JVM (``spark.sparkdl.maxRecordBytes`` of the running configuration)."""
+        return max_record_bytes_setting(spark_setting(self.sc, MAX_RECORD_BYTES) or None)
 
     def _one_broadcast(self, value: Any) -> Any:
         if self.sc._encryption_enabled:

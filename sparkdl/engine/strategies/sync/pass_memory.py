@@ -11,7 +11,7 @@ A pass (:mod:`sparkdl.engine.fit_set`) holds every one of its fits at once:
   driver AllReduce path, the reduced blocks once on the shuffle path), through the driver's JVM;
 * at the driver, in Python: every fit's weights, gradient vector and optimizer state.
 
-Three settings bound that, and :func:`plan_passes` splits a set of fits into passes that stay
+These settings bound that, and :func:`plan_passes` splits a set of fits into passes that stay
 within each:
 
 ``spark.driver.maxResultSize`` (default 1g; 0: no limit)
@@ -24,6 +24,21 @@ within each:
     The task results pass through the driver's heap. 128 MiB of results per iteration ran a
     1 GiB heap out of memory (bench/allreduce_crossover.py), so a job hands the driver at most
     an eighth of the heap. Hard, as above.
+
+``spark.sparkdl.maxRecordBytes`` (default 32m) with ``spark.executor.memory`` (default 1g)
+    and ``spark.driver.memory``
+    The most bytes of a vector one JVM record carries: a frame a task's Python hands its
+    executor's JVM, a block of the AllReduce (one reducer's sum: its task's result), a
+    broadcast piece of the weights (seeded by the driver's block manager, assembled by each
+    executor's). A JVM holds a record about :data:`RECORD_COPIES` times while it passes (read,
+    serialized as a task's result, sent), for each task it runs at once
+    (``spark.executor.cores / spark.task.cpus``; the cores of ``local-cluster[n,c,m]``), so an
+    executor's heap beyond Spark's :data:`RESERVED_HEAP` must hold that many, and the driver's
+    those of a piece it seeds: what the model's size never changes. A record budget
+    that a heap cannot hold is refused before any job, naming the settings (a local master's
+    tasks run in the driver's JVM and pass their vectors as files: only the driver is
+    checked there). On the driver path a task's result is its whole vector: a fit whose
+    vector the executors' heaps cannot hold so is refused, naming ``spark.executor.memory``.
 
 On the shuffle path a large vector's sums reach the driver in several jobs of at most
 :func:`~sparkdl.transport.allreduce.driver_job_bytes` each (an eighth of the heap, half of
@@ -47,25 +62,39 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from typing import Any, Callable, Sequence
 
 import torch
 
 from ....errors import InvalidArgumentError
-from ....spark_settings import DRIVER_JOB_BYTES, driver_job_bytes_setting, spark_bytes
+from ....spark_settings import (DRIVER_JOB_BYTES, MAX_RECORD_BYTES, driver_job_bytes_setting,
+                                is_local_master, max_record_bytes_setting, spark_bytes)
 from ....executor.exchange import CLOSURE_MAX_BYTES, FILE_ABOVE_BYTES
 from ....transport.allreduce import (DRIVER_HEAP_SHARE, choose_allreduce, driver_job_bytes,
-                                        job_intake)
+                                        job_intake, shuffle_blocks)
 from ....transport.flat_layout import ParamLayout
 
 __all__ = ["Footprint", "Budget", "footprint", "budgets", "closure_budget", "plan_passes",
-           "describe", "spark_bytes"]
+           "describe", "spark_bytes", "executor_tasks", "RECORD_COPIES", "RESERVED_HEAP"]
 
 log = logging.getLogger("sparkdl")
 
 _MIB = 1 << 20
 _RESULT_SLACK = 1.05
 """Pickled task results (and their reports) are a little larger than their raw vectors."""
+
+RESERVED_HEAP = 300 << 20
+"""The part of a JVM's heap Spark's memory manager reserves for itself and never lends. Spark
+refuses to start a heap below 1.5 times this but in its testing mode (which reserves less): the
+records' checks leave such a heap alone."""
+
+RECORD_COPIES = 3
+"""How many times at least a JVM holds a record's bytes while it passes: a reducer's sum as the
+frames read from its Python worker, as the task's serialized result, and as the result's
+message (each grown in a buffer that may briefly double); a broadcast piece as its torrent
+blocks and as the value they are read back into. The checks refuse only what is known to be
+too much: the true peak is higher."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,10 +192,76 @@ def _worker(fits: Sequence[Footprint]) -> int:
     return sum(f.worker_bytes() for f in fits)
 
 
+def executor_tasks(setting: Callable[[str], str | None], master: str) -> int:
+    """How many tasks one executor runs at once: ``spark.executor.cores`` (unset: the cores
+    of ``local-cluster[n,c,m]``, else 1, the fewest any cluster manager gives) over
+    ``spark.task.cpus``; at least 1."""
+    cores = setting("spark.executor.cores")
+    if not cores:
+        cluster = re.fullmatch(r"local-cluster\[\s*\d+\s*,\s*(\d+)\s*,\s*\d+\s*\]",
+                               master.strip())
+        cores = cluster.group(1) if cluster else "1"
+    return max(1, int(cores) // max(1, int(setting("spark.task.cpus") or "1")))
+
+
+def _room(heap: int) -> int | None:
+    """What a heap of ``heap`` bytes has beyond Spark's reserved memory (None: a heap Spark
+    starts only in its testing mode)."""
+    return heap - RESERVED_HEAP if heap >= 3 * RESERVED_HEAP // 2 else None
+
+
+def _check_records(setting: Callable[[str], str | None], record: int, tasks: int | None
+                   ) -> None:
+    """Refuse a record budget that the driver's heap or, with ``tasks`` (not on a local
+    master), each executor's heap cannot hold."""
+    chosen = setting(MAX_RECORD_BYTES)
+    named = f"{MAX_RECORD_BYTES}={chosen}" if chosen else f"{MAX_RECORD_BYTES} (32m by default)"
+    heap = setting("spark.driver.memory") or "1g"
+    room = _room(spark_bytes(heap, "m", "spark.driver.memory"))
+    if room is not None and RECORD_COPIES * record > room:
+        raise InvalidArgumentError(
+            f"{named} is more than the driver's heap can hold (spark.driver.memory={heap}): "
+            f"it seeds each broadcast piece of the weights, holding it about {RECORD_COPIES} "
+            f"times ({RECORD_COPIES * record / _MIB:.0f} MiB), and its heap has "
+            f"{room / _MIB:.0f} MiB beyond Spark's reserved 300 MiB. Lower "
+            f"{MAX_RECORD_BYTES} or raise spark.driver.memory; nothing has run yet.")
+    if tasks is None:
+        return
+    heap = setting("spark.executor.memory") or "1g"
+    room = _room(spark_bytes(heap, "m", "spark.executor.memory"))
+    if room is not None and tasks * RECORD_COPIES * record > room:
+        raise InvalidArgumentError(
+            f"{named} is more than the executors' heaps can hold (spark.executor.memory={heap}):"
+            f" each executor runs {tasks} task(s) at once (spark.executor.cores / "
+            f"spark.task.cpus), each holding its largest record about {RECORD_COPIES} times "
+            f"({tasks * RECORD_COPIES * record / _MIB:.0f} MiB), and the heap has "
+            f"{room / _MIB:.0f} MiB beyond Spark's reserved 300 MiB. Lower {MAX_RECORD_BYTES} "
+            "or raise spark.executor.memory; nothing has run yet.")
+
+
+def _executor_records(path: str, num_partitions: int, job_bytes: int, record: int, tasks: int
+                      ) -> Callable[[Sequence[Footprint]], int]:
+    """What an executor's JVM holds at once of a pass of these fits: for each of its ``tasks``
+    its largest record about :data:`RECORD_COPIES` times (a driver-path task's result is its
+    whole vector; a shuffle block is at most ``record``)."""
+    def measure(fits: Sequence[Footprint]) -> int:
+        vector = sum(f.vector for f in fits)
+        chosen = (choose_allreduce(vector, num_partitions, job_bytes) if path == "auto"
+                  else path)
+        if chosen == "driver":
+            largest = vector
+        else:
+            largest = -(-vector // shuffle_blocks(vector, num_partitions, job_bytes, record))
+        largest = max(largest, min(record, max((f.weights for f in fits), default=0)))
+        return tasks * RECORD_COPIES * largest
+    return measure
+
+
 def budgets(setting: Callable[[str], str | None], allreduce: str,
             num_partitions: int) -> list[Budget]:
     """The bounds on a pass from Spark's settings (``setting(key)``: the value or None), for
-    fits on the ``allreduce`` path over ``num_partitions`` partitions."""
+    fits on the ``allreduce`` path over ``num_partitions`` partitions; a record budget
+    (``spark.sparkdl.maxRecordBytes``) that a heap cannot hold is refused here."""
     out: list[Budget] = []
     result = setting("spark.driver.maxResultSize") or "1g"
     heap = setting("spark.driver.memory") or "1g"
@@ -193,6 +288,21 @@ def budgets(setting: Callable[[str], str | None], allreduce: str,
         out.append(Budget("spark.driver.memory", heap, spark_bytes(heap) // DRIVER_HEAP_SHARE,
                           f"task results per job at the driver (1/{DRIVER_HEAP_SHARE} of its "
                           "heap)", True, intake, hint))
+    record = max_record_bytes_setting(setting(MAX_RECORD_BYTES))
+    master = setting("spark.master") or ""
+    # the executors are the driver's JVM on a local master (their vectors pass as files)
+    tasks = None if not master or is_local_master(master) else executor_tasks(setting, master)
+    _check_records(setting, record, tasks)
+    executor = setting("spark.executor.memory") or "1g"
+    room = _room(spark_bytes(executor, "m", "spark.executor.memory"))
+    if tasks is not None and room is not None:
+        out.append(Budget("spark.executor.memory", executor, room,
+                          f"records and task results in an executor's JVM ({tasks} task(s) at "
+                          f"once, each holding its largest about {RECORD_COPIES} times)", True,
+                          _executor_records(allreduce, num_partitions, job_bytes, record, tasks),
+                          ", or use allreduce=\"shuffle\" (its tasks' results are blocks of at "
+                          f"most {MAX_RECORD_BYTES})" if allreduce == "driver" else
+                          f", or lower {MAX_RECORD_BYTES}"))
     python = setting("spark.executor.pyspark.memory")
     if python:
         cores = int(setting("spark.executor.cores") or "1")
