@@ -1,7 +1,10 @@
 """Bytes through the driver per iteration: LoRA (r = 8 on the attention projections) against the
-whole model training, on a tiny and a ~10M-parameter Llama-like base.
+whole model training, on a tiny, a ~10M- and a ~100M-parameter Llama-like base
+(``bench/llama_bases.py``).
 
-    python bench/lora_bytes.py                          # local[2], both sizes, 6 iterations
+    python bench/lora_bytes.py                          # local[2], every size, 6 iterations
+    python bench/lora_bytes.py --sizes 100M             # the realistic size alone
+    python bench/lora_bytes.py --sizes 100M --trains lora   # without training the whole 100M
     python bench/lora_bytes.py --sizes tiny --iterations 4
 
 Each base is built from a config, saved with ``save_pretrained`` into a temporary directory and
@@ -31,14 +34,11 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-CONFIGS = {
-    "tiny": dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                 num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64),
-    "10M": dict(vocab_size=8000, hidden_size=256, num_hidden_layers=8, num_attention_heads=4,
-                num_key_value_heads=4, intermediate_size=704, max_position_embeddings=256),
-}
-ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+from llama_bases import ATTENTION, CONFIGS, save_base  # noqa: E402
+
+SIZES = ["tiny", "10M", "100M"]
 
 
 SOCKET_BYTES = [0]
@@ -68,15 +68,6 @@ def io_bytes() -> int:
     with open("/proc/self/io") as f:
         fields = dict(line.split(": ") for line in f.read().splitlines())
     return int(fields["rchar"]) + int(fields["wchar"]) + SOCKET_BYTES[0]
-
-
-def save_base(root: str, name: str) -> str:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    path = os.path.join(root, name)
-    LlamaForCausalLM(LlamaConfig(tie_word_embeddings=False, **CONFIGS[name])).save_pretrained(path)
-    return path
 
 
 def measure(sc, path: str, lora: bool, iterations: int, seq: int, rows: int) -> dict:
@@ -128,7 +119,9 @@ def measure(sc, path: str, lora: bool, iterations: int, seq: int, rows: int) -> 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--sizes", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--sizes", nargs="+", default=SIZES, choices=SIZES)
+    parser.add_argument("--trains", nargs="+", default=["lora", "all"], choices=["lora", "all"],
+                        help="LoRA adapters only, the whole model, or both (default)")
     parser.add_argument("--iterations", type=int, default=6)
     parser.add_argument("--seq", type=int, default=32)
     parser.add_argument("--rows", type=int, default=64)
@@ -147,7 +140,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         for size in args.sizes:
             path = save_base(root, size)
-            for lora in (True, False):
+            for lora in [t == "lora" for t in args.trains]:
                 r = measure(spark.sparkContext, path, lora, args.iterations, args.seq, args.rows)
                 mb = 1 / 2**20
                 print(f"{size:>5} {'LoRA' if lora else 'all':>6} {r['model_bytes'] * mb:9.3f} "
