@@ -107,6 +107,9 @@ def engine_shuffle(spark, data_dir, connect, iterations=6):
 
 PASS_FITS = ((0.1, 48, 9, 4, None), (0.05, 48, 9, 4, None), (0.1, 36, 3, 3, "bf16"))
 """lr, batch size, seed, iterations and compression of the three fits of engine_pass."""
+FILLS_PASS_FITS = tuple((lr, batch, seed, 2, compression)
+                        for lr, batch, seed, _, compression in PASS_FITS[:2])
+"""The fills phase's pass: two fits of two iterations (every task there starts a Python worker)."""
 
 
 def engine_pass(spark, data_dir, connect, allreduce, together=True, fits=PASS_FITS):
@@ -282,7 +285,7 @@ def main_phase(spark, data_dir, out, results):
 def fills_phase(spark, data_dir, out, results):
     net, summary = engine_shuffle(spark, data_dir, connect=True, iterations=2)
     torch.save(net.state_dict(), f"{out}/fills_shuffle.pt")
-    nets, passes, jobs = engine_pass(spark, data_dir, True, "shuffle", fits=PASS_FITS[:2])
+    nets, passes, jobs = engine_pass(spark, data_dir, True, "shuffle", fits=FILLS_PASS_FITS)
     torch.save([n.state_dict() for n in nets], f"{out}/fills_pass.pt")
     results["fills_pass"] = {"passes": passes, "jobs": jobs}
     results["fills_misses"] = summary.placement_misses

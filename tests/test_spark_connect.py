@@ -175,7 +175,7 @@ def test_missing_shards_are_filled_and_the_result_is_unchanged(spark, fills_run)
     assert bitwise_equal(net.state_dict(), _weights(out, "fills_shuffle.pt"))
     # a pass whose tasks all miss their shards: filled, each fit still bitwise alone
     alone, _, _ = job.engine_pass(spark, data_dir, False, "shuffle", together=False,
-                                  fits=job.PASS_FITS[:2])
+                                  fits=job.FILLS_PASS_FITS)
     together = torch.load(os.path.join(out, "fills_pass.pt"), weights_only=True)
     for net, state in zip(alone, together):
         assert bitwise_equal(net.state_dict(), state)
