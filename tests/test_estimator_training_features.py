@@ -209,7 +209,7 @@ def test_killed_driver_resumes_an_estimator_fit_from_checkpoint_dir(spark, tmp_p
     here = os.path.dirname(os.path.abspath(__file__))
     ckpt, out = tmp_path / "ckpt", tmp_path / "weights.pt"
     cmd = [sys.executable, os.path.join(here, "estimator_job.py"), "local[2]", str(out),
-           str(ckpt), "--epochs", "8"]
+           str(ckpt), "--epochs", "4"]
     kill_driver_after_first_checkpoint(cmd, ckpt)
     assert not out.exists()
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -217,5 +217,5 @@ def test_killed_driver_resumes_an_estimator_fit_from_checkpoint_dir(spark, tmp_p
     assert "resum" in second.stderr.lower(), second.stderr[-2000:]
     resumed = estimator_job.model()
     resumed.load_state_dict(torch.load(out, weights_only=True))
-    whole = estimator_job.fit(spark, 8)
+    whole = estimator_job.fit(spark, 4)
     assert bitwise_equal(resumed, whole.module)

@@ -69,16 +69,17 @@ def test_adult_census_pipeline_example():
     assert metric(spark_submit("adult_census_pipeline.py", "--min-accuracy", "0.84")) >= 0.84
 
 
-@pytest.mark.parametrize("script, name, plausible", [
-    ("movielens_recommender.py", "rmse", lambda v: v < 1.1),
-    ("movielens_history.py", "auc", lambda v: v > 0.6),
-    ("movielens_wide_crosses.py", "rmse", lambda v: v < 1.1)])
-def test_movielens_examples_match_single_process_pytorch(script, name, plausible):
+@pytest.mark.parametrize("script, epochs, name, plausible", [
+    ("movielens_recommender.py", 1, "rmse", lambda v: v < 1.1),
+    ("movielens_history.py", 2, "auc", lambda v: v > 0.6),
+    ("movielens_wide_crosses.py", 1, "rmse", lambda v: v < 1.1)])
+def test_movielens_examples_match_single_process_pytorch(script, epochs, name, plausible):
     """Real ids and sequences (MovieLens, time-based split): sparkdl's test metric within 2%
-    of plain single-process PyTorch trained with the same recipe (2 epochs each: the README's
-    figures for the first two are at 4)."""
+    of plain single-process PyTorch trained with the same recipe (1 or 2 epochs: the sequence
+    model's AUC is barely above chance after 1; the README's figures for the first two are at
+    4)."""
     extra = ["--dense-share", "0.03"] if script == "movielens_wide_crosses.py" else []
-    proc = spark_submit(script, "--epochs", "2", *extra, timeout=1500)
+    proc = spark_submit(script, "--epochs", str(epochs), *extra, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     found = re.search(rf"test {name}: ([0-9.]+) \(single-process PyTorch, same recipe: "
                       r"([0-9.]+); gap", proc.stdout)
