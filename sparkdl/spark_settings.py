@@ -125,18 +125,29 @@ DEFAULT_RECORD_BYTES = 32 << 20
 broadcast piece)."""
 
 
+MIN_RECORD_BYTES = 1 << 20
+"""The least :data:`MAX_RECORD_BYTES` accepts: 1 MiB."""
+
+
 def max_record_bytes_setting(value: str | None) -> int:
     """``spark.sparkdl.maxRecordBytes`` (:data:`MAX_RECORD_BYTES`) in bytes (a bare number is
     bytes), :data:`DEFAULT_RECORD_BYTES` when it is not set; an
     :class:`~sparkdl.errors.InvalidArgumentError` naming the setting when its value is not a
-    size above 0.
+    size of at least :data:`MIN_RECORD_BYTES`.
 
     Example: ``max_record_bytes_setting(spark_setting(sc, MAX_RECORD_BYTES) or None)``"""
-    size = _positive_size(
-        MAX_RECORD_BYTES, value,
-        "the setting is the most bytes of a vector one shuffle record, task result or "
-        "broadcast piece carries through a JVM, and none carries nothing. Give a size such as "
-        "16m, or leave it unset (32m).")
+    meaning = ("the setting is the most bytes of a vector one shuffle record, task result or "
+               "broadcast piece carries through a JVM")
+    size = _positive_size(MAX_RECORD_BYTES, value,
+                          f"{meaning}, and none carries nothing. Give a size such as 16m, or "
+                          "leave it unset (32m).")
+    if size is not None and size < MIN_RECORD_BYTES:
+        from .errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            f"{MAX_RECORD_BYTES}={value!r}: {meaning}, and below 1 MiB a vector would cross "
+            "in thousands of records per iteration (a bare number is bytes: 16m, not 16). "
+            "Give a size of 1m or more, or leave it unset (32m).")
     return DEFAULT_RECORD_BYTES if size is None else size
 
 

@@ -606,14 +606,14 @@ def test_records_blocks_and_pieces_stay_within_the_record_budget(sc, monkeypatch
     allreduce.settle()
     assert np.array_equal(DriverAllReduce(size, np.float32, record_bytes=record)
                           .run(index, local_fn).vector, _expected_sum(vectors))
-    value = np.arange(50_000, dtype=np.float32)
+    value = np.arange(800_000, dtype=np.float32)
     conf = sc._jsc.sc().conf()
-    conf.set(MAX_RECORD_BYTES, "64k")
+    conf.set(MAX_RECORD_BYTES, "1m")                     # the least the setting accepts
     try:
         handle = PythonJobs.of(sc).broadcast(value)
     finally:
         conf.remove(MAX_RECORD_BYTES)
-    # the pickle stream, and the array's 200,000 bytes in four pieces
+    # the pickle stream, and the array's 3,200,000 bytes in four pieces
     assert isinstance(handle, PiecedValue) and len(handle.pieces) == 5
     assert sc.parallelize(range(2), 2).map(
         lambda _: handle.value.tobytes() == value.tobytes()).collect() == [True, True]

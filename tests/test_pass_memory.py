@@ -75,7 +75,7 @@ def test_budgets_follow_the_settings_as_spark_applies_them():
     assert {b.setting for b in budgets({}.get, "auto", 2)} == {"spark.driver.maxResultSize",
                                                                 "spark.driver.memory"}
     assert [b.setting for b in budgets({"spark.driver.maxResultSize": "0"}.get, "auto", 2)] == [
-        "spark.driver.memory"]
+        "spark.driver.memory", "spark.driver.memory"]     # broadcast pieces, results per job
 
 
 def test_a_connect_pass_keeps_its_functions_within_the_closure_limit(caplog):
@@ -131,9 +131,10 @@ def test_a_record_budget_a_heap_cannot_hold_is_refused_before_any_job(sc):
     """spark.sparkdl.maxRecordBytes (32m by default) bounds every record, task result and
     broadcast piece crossing a JVM, so what a JVM holds follows it, never the model: each task
     an executor runs at once holds its largest record about three times, the driver a piece
-    as it seeds it. A budget that the executors' heaps (beyond Spark's reserved 300 MiB) or the
-    driver's cannot hold is refused before any job, naming the setting; so is a driver-path fit
-    whose whole vector, a task's result there, the executors cannot hold."""
+    as it seeds it. A fit whose records the executors' heaps (beyond Spark's reserved 300 MiB)
+    or the driver's cannot hold is refused before any job, naming the heap's setting and the
+    budget; so is a driver-path fit whose whole vector, a task's result there, the executors
+    cannot hold. A small model trains whatever the budget; a budget under 1 MiB is refused."""
     from sparkdl.spark_settings import MAX_RECORD_BYTES, max_record_bytes_setting
 
     mib = 1 << 20
@@ -144,6 +145,9 @@ def test_a_record_budget_a_heap_cannot_hold_is_refused_before_any_job(sc):
                            match=rf"spark\.sparkdl\.maxRecordBytes='{zero}': the setting is "
                                  "the most bytes of a vector one shuffle record"):
             max_record_bytes_setting(zero)
+    with pytest.raises(InvalidArgumentError, match=r"maxRecordBytes='16': .* below 1 MiB .* "
+                                                   r"\(a bare number is bytes"):
+        max_record_bytes_setting("16")
     cluster = {"spark.master": "local-cluster[2,1,512]", "spark.executor.memory": "512m",
                "spark.driver.memory": "2g"}
     by_name = {b.setting: b for b in budgets({**cluster, "spark.driver.memory": "512m"}.get,
@@ -154,27 +158,40 @@ def test_a_record_budget_a_heap_cannot_hold_is_refused_before_any_job(sc):
     assert executor.needs([model]) == 3 * 32 * mib              # the model's size aside
     assert executor.needs([model] * 8) == 3 * 32 * mib
     assert plan_passes([0], [model], list(by_name.values())) == [[0]]
-    for settings, message in [
-            ({**cluster, MAX_RECORD_BYTES: "80m"},
-             r"^spark\.sparkdl\.maxRecordBytes=80m is more than the executors' heaps can hold "
-             r"\(spark\.executor\.memory=512m\): each executor runs 1 task\(s\) at once .* "
-             r"\(240 MiB\), and the heap has 212 MiB beyond Spark's reserved 300 MiB\. Lower "
-             r"spark\.sparkdl\.maxRecordBytes or raise spark\.executor\.memory; nothing has "
-             "run yet"),
-            ({**cluster, "spark.master": "local-cluster[2,2,1024]", MAX_RECORD_BYTES: "40m"},
-             r"executors' heaps .* each executor runs 2 task\(s\) at once"),
-            ({**cluster, "spark.master": "spark://h:7077", "spark.executor.cores": "4"},
-             r"maxRecordBytes \(32m by default\) is more than the executors' heaps can hold "
-             r"\(spark\.executor\.memory=512m\): each executor runs 4 task\(s\)"),
+    # what a budget asks of a heap follows the records a pass makes: a small model's records
+    # are small whatever the budget, so only a model whose records the heaps cannot hold is
+    # refused (before any job, naming the heap's setting and the record budget)
+    small = Footprint(weights=mib, vector=mib, optimizer_state=0)
+    for settings, fit, message in [
+            ({**cluster, MAX_RECORD_BYTES: "80m"}, model,
+             r"^fit 0 cannot train within spark\.executor\.memory=512m: it needs about 240\.0 "
+             r"MiB of records and task results in an executor's JVM \(1 task\(s\) at once, .*"
+             r"the setting allows 212\.0 MiB .* Raise spark\.executor\.memory, or lower "
+             r"spark\.sparkdl\.maxRecordBytes or train a smaller model; nothing has run yet"),
+            ({**cluster, "spark.master": "local-cluster[2,2,1024]", MAX_RECORD_BYTES: "40m",
+              "spark.executor.memory": "512m"}, model,
+             r"spark\.executor\.memory=512m: it needs about 240\.0 MiB .* \(2 task\(s\) at once"),
+            ({**cluster, "spark.master": "spark://h:7077", "spark.executor.cores": "4"}, model,
+             r"spark\.executor\.memory=512m: it needs about 384\.0 MiB .* \(4 task\(s\) at once"),
             ({"spark.master": "local[2]", "spark.driver.memory": "512m",
-              MAX_RECORD_BYTES: "80m"},
-             r"^spark\.sparkdl\.maxRecordBytes=80m is more than the driver's heap can hold "
-             r"\(spark\.driver\.memory=512m\)")]:
+              MAX_RECORD_BYTES: "80m"}, model,
+             r"^fit 0 cannot train within spark\.driver\.memory=512m: it needs about 240\.0 MiB "
+             r"of broadcast pieces the driver seeds .* or lower spark\.sparkdl\.maxRecordBytes")]:
+        limits = budgets(settings.get, "shuffle", 2)
         with pytest.raises(InvalidArgumentError, match=message):
-            budgets(settings.get, "shuffle", 2)
+            plan_passes([0], [fit], limits)
+        assert plan_passes([0], [small], limits) == [[0]]     # the same settings, a small model
     # one task at a time on two cores, each of 4 CPUs: the same 40m records fit
-    budgets({**cluster, "spark.master": "local-cluster[2,2,1024]", MAX_RECORD_BYTES: "40m",
-             "spark.task.cpus": "2"}.get, "shuffle", 2)
+    assert plan_passes([0], [model], budgets(
+        {**cluster, "spark.master": "local-cluster[2,2,1024]", MAX_RECORD_BYTES: "40m",
+         "spark.executor.memory": "512m", "spark.task.cpus": "2"}.get, "shuffle", 2)) == [[0]]
+    # eight cores of 1g executors at the default budget: a small model trains, a 192 MiB one
+    # (eight tasks at once, each holding a 32 MiB block three times) does not
+    eight = {"spark.master": "spark://h:7077", "spark.executor.cores": "8",
+             "spark.executor.memory": "1g"}
+    assert plan_passes([0], [small], budgets(eight.get, "shuffle", 2)) == [[0]]
+    with pytest.raises(InvalidArgumentError, match=r"768\.0 MiB of records"):
+        plan_passes([0], [model], budgets(eight.get, "shuffle", 2))
     # on the driver path a task's result is its whole vector
     driver = budgets({**cluster, "spark.driver.memory": "4g"}.get, "driver", 2)
     with pytest.raises(InvalidArgumentError) as err:
@@ -182,10 +199,10 @@ def test_a_record_budget_a_heap_cannot_hold_is_refused_before_any_job(sc):
     assert "fit 0 cannot train within spark.executor.memory=512m" in str(err.value)
     assert "240.0 MiB of records and task results in an executor's JVM" in str(err.value)
     assert 'allreduce="shuffle"' in str(err.value)
-    # a fit on the session's local[2] (1g driver by default): refused before any job
+    # a fit on the session's local[2]: a setting that is no size refused before any job
     refused_before_any_job(sc, MAX_RECORD_BYTES,
-                           [("300m", "maxRecordBytes=300m is more than the driver's heap"),
-                            ("lots", "'lots' of spark.sparkdl.maxRecordBytes")])
+                           [("lots", "'lots' of spark.sparkdl.maxRecordBytes"),
+                            ("16", "below 1 MiB")])
 
 
 class Wide(nn.Module):

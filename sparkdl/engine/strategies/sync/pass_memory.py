@@ -210,33 +210,12 @@ def _room(heap: int) -> int | None:
     return heap - RESERVED_HEAP if heap >= 3 * RESERVED_HEAP // 2 else None
 
 
-def _check_records(setting: Callable[[str], str | None], record: int, tasks: int | None
-                   ) -> None:
-    """Refuse a record budget that the driver's heap or, with ``tasks`` (not on a local
-    master), each executor's heap cannot hold."""
-    chosen = setting(MAX_RECORD_BYTES)
-    named = f"{MAX_RECORD_BYTES}={chosen}" if chosen else f"{MAX_RECORD_BYTES} (32m by default)"
-    heap = setting("spark.driver.memory") or "1g"
-    room = _room(spark_bytes(heap, "m", "spark.driver.memory"))
-    if room is not None and RECORD_COPIES * record > room:
-        raise InvalidArgumentError(
-            f"{named} is more than the driver's heap can hold (spark.driver.memory={heap}): "
-            f"it seeds each broadcast piece of the weights, holding it about {RECORD_COPIES} "
-            f"times ({RECORD_COPIES * record / _MIB:.0f} MiB), and its heap has "
-            f"{room / _MIB:.0f} MiB beyond Spark's reserved 300 MiB. Lower "
-            f"{MAX_RECORD_BYTES} or raise spark.driver.memory; nothing has run yet.")
-    if tasks is None:
-        return
-    heap = setting("spark.executor.memory") or "1g"
-    room = _room(spark_bytes(heap, "m", "spark.executor.memory"))
-    if room is not None and tasks * RECORD_COPIES * record > room:
-        raise InvalidArgumentError(
-            f"{named} is more than the executors' heaps can hold (spark.executor.memory={heap}):"
-            f" each executor runs {tasks} task(s) at once (spark.executor.cores / "
-            f"spark.task.cpus), each holding its largest record about {RECORD_COPIES} times "
-            f"({tasks * RECORD_COPIES * record / _MIB:.0f} MiB), and the heap has "
-            f"{room / _MIB:.0f} MiB beyond Spark's reserved 300 MiB. Lower {MAX_RECORD_BYTES} "
-            "or raise spark.executor.memory; nothing has run yet.")
+def _driver_pieces(record: int) -> Callable[[Sequence[Footprint]], int]:
+    """What the driver's JVM holds of a broadcast piece it seeds for a pass of these fits: the
+    piece (at most ``record``, at most the pass's weights) about :data:`RECORD_COPIES` times."""
+    def measure(fits: Sequence[Footprint]) -> int:
+        return RECORD_COPIES * min(record, sum(f.weights for f in fits))
+    return measure
 
 
 def _executor_records(path: str, num_partitions: int, job_bytes: int, record: int, tasks: int
@@ -260,8 +239,9 @@ def _executor_records(path: str, num_partitions: int, job_bytes: int, record: in
 def budgets(setting: Callable[[str], str | None], allreduce: str,
             num_partitions: int) -> list[Budget]:
     """The bounds on a pass from Spark's settings (``setting(key)``: the value or None), for
-    fits on the ``allreduce`` path over ``num_partitions`` partitions; a record budget
-    (``spark.sparkdl.maxRecordBytes``) that a heap cannot hold is refused here."""
+    fits on the ``allreduce`` path over ``num_partitions`` partitions, among them what the
+    records of a pass (at most ``spark.sparkdl.maxRecordBytes`` each) ask of the driver's and
+    the executors' heaps: :func:`plan_passes` refuses a fit they cannot hold."""
     out: list[Budget] = []
     result = setting("spark.driver.maxResultSize") or "1g"
     heap = setting("spark.driver.memory") or "1g"
@@ -270,6 +250,15 @@ def budgets(setting: Callable[[str], str | None], allreduce: str,
                                  spark_bytes(result, "b", "spark.driver.maxResultSize"),
                                  driver_job_bytes_setting(chosen))
     intake = _intake(allreduce, num_partitions, job_bytes)
+    # what a record budget asks of a heap is measured per pass (a small model's records are
+    # small whatever the budget): a fit the heaps cannot hold is refused before any job
+    record = max_record_bytes_setting(setting(MAX_RECORD_BYTES))
+    driver_room = _room(spark_bytes(heap, "m", "spark.driver.memory"))
+    if driver_room is not None:
+        out.append(Budget("spark.driver.memory", heap, driver_room,
+                          f"broadcast pieces the driver seeds (each at most {MAX_RECORD_BYTES}, "
+                          f"held about {RECORD_COPIES} times)",
+                          True, _driver_pieces(record), f", or lower {MAX_RECORD_BYTES}"))
     hint = ("" if allreduce != "driver" else
             ", or use allreduce=\"shuffle\" (its sums reach the driver in jobs that stay "
             "within both settings)")
@@ -288,11 +277,9 @@ def budgets(setting: Callable[[str], str | None], allreduce: str,
         out.append(Budget("spark.driver.memory", heap, spark_bytes(heap) // DRIVER_HEAP_SHARE,
                           f"task results per job at the driver (1/{DRIVER_HEAP_SHARE} of its "
                           "heap)", True, intake, hint))
-    record = max_record_bytes_setting(setting(MAX_RECORD_BYTES))
     master = setting("spark.master") or ""
     # the executors are the driver's JVM on a local master (their vectors pass as files)
     tasks = None if not master or is_local_master(master) else executor_tasks(setting, master)
-    _check_records(setting, record, tasks)
     executor = setting("spark.executor.memory") or "1g"
     room = _room(spark_bytes(executor, "m", "spark.executor.memory"))
     if tasks is not None and room is not None:
