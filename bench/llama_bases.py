@@ -2,7 +2,7 @@
 ``save_pretrained`` (nothing downloaded).
 
 ``tiny`` and ``10M`` are the byte-count sizes, ``100M`` the iteration-time size (hidden 768, 12
-layers, vocabulary 8192: 97.6M parameters), and ``350M`` to ``13B`` the ladder that
+layers, vocabulary 8192: 97.5M parameters), and ``350M`` to ``13B`` the ladder that
 ``bench/lora_vs_td.py sweep`` climbs (the larger ones shaped as Llama 2 7B and 13B).
 """
 
