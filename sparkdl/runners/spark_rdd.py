@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -70,6 +71,7 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
         self._options = RunnerOptions()
         self._resources: Any = None
         self._broadcast: Any = None
+        self._record_bytes: int | None = None     # spark.sparkdl.maxRecordBytes, at the first fit
         """What the fits' weight refreshes broadcast with: one broadcast per value, or during a
         pass's iteration a :class:`BroadcastBundle` (one broadcast for every fit's values)."""
         self._memory_deaths: set[str] = set()   # executors already named as out of memory
@@ -135,7 +137,9 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
             self._options = options
             self._resources = gpu_task_profile(self.spark_context, options.device,
                                                self.task_cores())
-            self._broadcast = PythonJobs.of(self.spark_context).broadcast
+            # the weights every iteration: the record budget read once, not per broadcast
+            self._record_bytes = PythonJobs.of(self.spark_context).record_bytes()
+            self._broadcast = self._weights_broadcast()
         jobs = PythonJobs.of(self.spark_context)
         allreduce = make_allreduce(layout, options.allreduce, train.num_partitions,
                                    options.num_blocks, options.compression,
@@ -156,6 +160,12 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
         assert self._default is not None
         return self.gradients_together(data, [(self._default, step, weights)])[0]
 
+    def _weights_broadcast(self) -> Any:
+        """A broadcast of the weights: ``PythonJobs.broadcast`` with the record budget the
+        runner read at its first fit (no py4j round trips for it each iteration)."""
+        return functools.partial(PythonJobs.of(self.spark_context).broadcast,
+                                 record_bytes=self._record_bytes)
+
     def gradients_together(self, data: CachedData,
                            entries: Sequence[tuple[int, StepSpec, StateVersion]]
                            ) -> list[AllReduceResult]:
@@ -166,9 +176,9 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
         t0 = time.perf_counter()
         live = live_runs()
         tasks, refreshes = [], []
-        jobs = PythonJobs.of(self.spark_context)
-        bundle = BroadcastBundle(jobs.broadcast) if len(entries) > 1 else None
-        self._broadcast = bundle if bundle is not None else jobs.broadcast
+        broadcast = self._weights_broadcast()
+        bundle = BroadcastBundle(broadcast) if len(entries) > 1 else None
+        self._broadcast = bundle if bundle is not None else broadcast
         try:        # the fits' new weights (full copies, row deltas): one broadcast for all
             for number, step, weights in entries:
                 fit = self._fits[number]
@@ -178,7 +188,7 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
             if bundle is not None:
                 bundle.flush()
         finally:
-            self._broadcast = jobs.broadcast
+            self._broadcast = broadcast
         broadcast_s = time.perf_counter() - t0
         results = self._summed([number for number, _, _ in entries], tasks, data, live,
                                broadcast_s)

@@ -142,14 +142,16 @@ class PythonJobs:
         shuffled = pairs.partitionBy(self._partitioner(int(num_partitions), partitioner_id))
         return JobRdd(self, self._value_of_pair(shuffled).rdd(), NoOpSerializer())
 
-    def broadcast(self, value: Any) -> Any:
+    def broadcast(self, value: Any, record_bytes: int | None = None) -> Any:
         """``sc.broadcast(value)`` (a pyspark ``Broadcast``, the same in tasks and to destroy)
         without its two reflection look-ups per call; with I/O encryption on, pyspark's own. A
-        value above :meth:`record_bytes` goes in pieces of at most that, or on a local master
-        as a file the tasks read
+        value above ``record_bytes`` (None: :meth:`record_bytes`, read from the running
+        configuration; a caller that broadcasts every iteration reads it once and passes it)
+        goes in pieces of at most that, or on a local master as a file the tasks read
         (:func:`~sparkdl.transport.pieced_broadcast.pieced_broadcast`: a handle with the same
         ``value`` and ``destroy``)."""
-        return pieced_broadcast(self._one_broadcast, value, self.record_bytes(),
+        return pieced_broadcast(self._one_broadcast, value,
+                                self.record_bytes() if record_bytes is None else record_bytes,
                                 local_dir=self._local_dir)
 
     def record_bytes(self) -> int:
