@@ -61,7 +61,6 @@ import hashlib
 import logging
 import pathlib
 import random
-import sys
 import types
 import weakref
 from typing import Any
@@ -73,6 +72,8 @@ from ....adapters.pretrained import pretrained_origin, trainable_parameters
 from ....errors import UnidentifiableError
 from .code_reads import attribute_reads, global_generator_method
 from .installed_code import library_version
+from .value_contents import (is_pandas, pandas_content, script_code, tensor_bytes,
+                             tensor_header)
 
 __all__ = ["content_digest", "UnidentifiableError", "is_library_code"]
 
@@ -99,33 +100,7 @@ def _narrowable(value: Any) -> bool:
     be identified by the attributes it reads from."""
     return (value is not None and not isinstance(value, _WHOLE) and hasattr(value, "__dict__")
             and getattr(type(value), "__sparkdl_identity__", None) is None
-            and not _is_pandas(value))
-
-
-def _pandas_content(value: Any) -> dict[str, Any]:
-    """What a pandas object holds: its labels (an index walked the same way), dtypes, ``attrs``
-    and a stable 64-bit hash of each row (pandas' own, with its fixed key), or its cells where
-    pandas cannot hash them (lists)."""
-    import pandas as pd
-
-    if isinstance(value, pd.Index):
-        content: dict[str, Any] = {"dtype": repr(value.dtype), "names": list(value.names)}
-    elif isinstance(value, pd.Series):
-        content = {"name": value.name, "dtype": repr(value.dtype), "index": value.index,
-                   "attrs": value.attrs}
-    else:
-        content = {"columns": value.columns, "dtypes": [repr(d) for d in value.dtypes],
-                   "index": value.index, "attrs": value.attrs}
-    try:
-        content["rows"] = pd.util.hash_pandas_object(value, index=False).to_numpy()
-    except TypeError:
-        content["cells"] = np.asarray(value.to_numpy(), dtype=object)
-    return content
-
-
-def _is_pandas(value: Any) -> bool:
-    pd = sys.modules.get("pandas")
-    return pd is not None and isinstance(value, (pd.DataFrame, pd.Series, pd.Index))
+            and not is_pandas(value))
 
 
 def _standalone(value: Any, path: str) -> str:
@@ -134,26 +109,6 @@ def _standalone(value: Any, path: str) -> str:
     walker = _Walker()
     walker.walk(value, path)
     return walker.digest.hexdigest()
-
-
-def _tensor_header(value: torch.Tensor) -> str:
-    return f"{value.dtype}{list(value.shape)}{value.requires_grad}"
-
-
-def _tensor_bytes(value: torch.Tensor) -> Any:
-    """The tensor's elements as a flat uint8 buffer (dense, on the CPU, contiguous)."""
-    t = value.detach()
-    if t.is_sparse:
-        t = t.to_dense()
-    t = t.cpu().contiguous()
-    return t.view(-1).view(torch.uint8).numpy() if t.numel() else b""
-
-
-def _script_code(module: torch.jit.ScriptModule) -> str | None:
-    try:
-        return module.code
-    except Exception:              # noqa: BLE001 - a module without TorchScript code
-        return None
 
 
 class _Walker:
@@ -206,8 +161,8 @@ class _Walker:
             self.put("uninitialized", f"{type(value).__name__}{value.requires_grad}")
             return                           # a lazy module's: drawn at its first forward
         if isinstance(value, torch.Tensor):
-            self.put("tensor", _tensor_header(value))
-            self.put("bytes", _tensor_bytes(value))
+            self.put("tensor", tensor_header(value))
+            self.put("bytes", tensor_bytes(value))
             return
         if isinstance(value, np.ndarray):
             self.put("ndarray", f"{value.dtype.str}{list(value.shape)}")
@@ -252,7 +207,7 @@ class _Walker:
             return
         if isinstance(value, torch.jit.ScriptModule):
             self.put("script module", type(value).__qualname__)
-            code = _script_code(value)
+            code = script_code(value)
             self.put(*(("code", code) if code is not None else ("no code",)))
             self.walk(dict(value.state_dict()), f"{path}.state_dict()")
             self.walk(dict(value.named_children()), f"{path} children")
@@ -316,9 +271,9 @@ class _Walker:
         if isinstance(value, pathlib.PurePath):  # not its cached hash (PYTHONHASHSEED)
             self.put("path", f"{type(value).__qualname__}:{value}")
             return
-        if _is_pandas(value):                     # by content, not its caches
+        if is_pandas(value):                     # by content, not its caches
             self.put("pandas", f"{type(value).__module__}.{type(value).__qualname__}")
-            self.walk(_pandas_content(value), path)
+            self.walk(pandas_content(value), path)
             return
         self._instance(value, path)
 
