@@ -1,6 +1,6 @@
 """From a table to a table: the Adult census training job and the scoring job run as separate
 ``spark-submit`` processes that share a Derby metastore (examples/adult_census_tables.py,
-examples/adult_census_scoring.py), on the real data, 2 epochs.
+examples/adult_census_scoring.py), on the real data, 1 epoch.
 
 The managed tables live in the jobs' warehouse folder, one Parquet folder per table; this
 suite's own session (no metastore) reads them there."""
@@ -33,7 +33,7 @@ def jobs(tmp_path_factory):
     train = spark_submit("adult_census_tables.py", "--catalog-dir", catalog,
                          "--prepare", str(root / "parquet"),
                          "--input", str(root / "parquet" / "adult_train"),
-                         "--model-dir", model, "--epochs", "2", timeout=600)
+                         "--model-dir", model, "--epochs", "1", timeout=600)
     assert train.returncode == 0, train.stdout[-2000:] + train.stderr[-3000:]
     score = spark_submit("adult_census_scoring.py", "--catalog-dir", catalog,
                          "--table", "adult_test", "--model-dir", model,
