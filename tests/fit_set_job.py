@@ -1,11 +1,16 @@
-"""A pass of three fits in its own driver process, for the tests that kill an executor or the
+"""Passes of three fits in their own driver process, for the tests that kill an executor or the
 driver mid-pass (tests/test_fit_set_faults.py).
 
-    python fit_set_job.py MASTER OUT.pt [--fault executor --marker PATH] [--checkpoint DIR]
-                          [--strategy hop]
+    python fit_set_job.py MASTER OUT_DIR [--fault executor] [--checkpoint DIR]
+                          [--strategy together hop ...]
 
 Trains :func:`fits` (SmallNet under Adam at two learning rates and one with another batch size,
-over cluster_job's data) as one :class:`sparkdl.FitSet` and saves their state_dicts, in order.
+over cluster_job's data) as one :class:`sparkdl.FitSet` per strategy, one strategy after the
+other in the same driver, and saves each strategy's state_dicts, in order, to
+``OUT_DIR/STRATEGY.pt``. Each strategy has its own fits, its own fault (``--fault executor``
+kills an executor once, claiming ``OUT_DIR/STRATEGY.marker``) and its own checkpoint directory
+(``DIR/STRATEGY``); what the driver prints and logs while it trains a strategy is delimited on
+stdout and on stderr by :func:`begins` and :func:`ends` (read one back with :func:`section`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from cluster_job import SEED, SIZES  # noqa: E402
+from cluster_job import SEED, SIZES, wait_for_executors  # noqa: E402
 from models import FaultInjectingLoss, SmallNet, classification_data, make_rdd  # noqa: E402
 
 SETTINGS = [(0.01, 16, 8), (0.003, 16, 8), (0.01, 24, 10)]   # lr, batch size, iterations
@@ -44,14 +49,37 @@ def fits(sc, criterion=None, checkpoint=None):
     return out
 
 
+def begins(strategy: str) -> str:
+    return f"==== fit_set_job: {strategy} begins ===="
+
+
+def ends(strategy: str) -> str:
+    return f"==== fit_set_job: {strategy} ends ===="
+
+
+def section(text: str, strategy: str) -> str:
+    """What ``text`` (the job's stdout or stderr) holds between ``strategy``'s delimiters;
+    an error naming the delimiter that is missing."""
+    for line in (begins(strategy), ends(strategy)):
+        if text.count(line) != 1:
+            raise AssertionError(f"{line!r} is in the job's output {text.count(line)} times")
+    start = text.index(begins(strategy)) + len(begins(strategy))
+    return text[start:text.index(ends(strategy))]
+
+
+def _delimit(line: str) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        stream.write(line + "\n")
+        stream.flush()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("master")
-    p.add_argument("out")
+    p.add_argument("out_dir")
     p.add_argument("--fault", choices=["executor"])
-    p.add_argument("--marker")
     p.add_argument("--checkpoint")
-    p.add_argument("--strategy", default="together")
+    p.add_argument("--strategy", nargs="+", default=["together"], choices=["together", "hop"])
     args = p.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     import logging
@@ -61,16 +89,28 @@ def main() -> None:
     from sparkdl import FitSet
 
     spark = spark_builder(args.master).config("spark.executor.memory", "768m").getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    # a hop task's criterion is a fresh copy per model and sub-epoch (at most 3 batches here)
-    at_call = 2 if args.strategy == "hop" else 4
-    criterion = FaultInjectingLoss(args.fault, args.marker, at_call) if args.fault else None
-    trained = fits(spark.sparkContext, criterion, args.checkpoint)
-    fit_set = FitSet(trained, strategy=args.strategy)
-    fit_set.run()
-    print(f"passes={fit_set.passes} jobs={fit_set.jobs}")
-    print("iterations=" + ",".join(str(f.iteration) for f in trained))
-    torch.save([f.model.state_dict() for f in trained], args.out)
+    sc = spark.sparkContext
+    sc.setLogLevel("ERROR")
+    os.makedirs(args.out_dir, exist_ok=True)
+    for k, strategy in enumerate(args.strategy):
+        if k and args.fault == "executor":
+            # the worker relaunches the killed executor: the next strategy starts on a whole
+            # cluster, as the first did
+            wait_for_executors(sc, int(args.master.split("[")[1].split(",")[0]))
+        _delimit(begins(strategy))
+        # a hop task's criterion is a fresh copy per model and sub-epoch (at most 3 batches)
+        at_call = 2 if strategy == "hop" else 4
+        marker = os.path.join(args.out_dir, f"{strategy}.marker")
+        criterion = FaultInjectingLoss(args.fault, marker, at_call) if args.fault else None
+        checkpoint = os.path.join(args.checkpoint, strategy) if args.checkpoint else None
+        trained = fits(sc, criterion, checkpoint)
+        fit_set = FitSet(trained, strategy=strategy)
+        fit_set.run()
+        print(f"passes={fit_set.passes} jobs={fit_set.jobs}")
+        print("iterations=" + ",".join(str(f.iteration) for f in trained))
+        torch.save([f.model.state_dict() for f in trained],
+                   os.path.join(args.out_dir, f"{strategy}.pt"))
+        _delimit(ends(strategy))
     spark.stop()
 
 
