@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 SIZES = [40, 56]
 BATCH = 24
 SEED = 3
-ITERATIONS = 3
+ITERATIONS = 2            # the second steps the updated weights with momentum, as any later one
 ROUND_ITERATIONS = 4
 HIDDEN = 155_000          # 20.0 M parameters: an 80 MiB vector
 D = 64
