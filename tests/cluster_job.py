@@ -10,7 +10,7 @@
 
 Prints the number of executors, the number of finished iterations, and saves the trained
 state_dict. Used by the tests that need a master other than the session's local[2], faults, or a
-driver that gets killed.
+driver that gets killed. cluster_scenarios.py runs several of these runs in one driver process.
 """
 
 from __future__ import annotations
@@ -60,6 +60,14 @@ def wait_for_executors(sc, count: int, timeout: float = 120) -> int:
     return registered
 
 
+def local_cluster_executors(master: str) -> int | None:
+    """The number of executors of a ``local-cluster[N,cores,memory]`` master (None for any
+    other master): a killed one is relaunched by its worker."""
+    if not master.startswith("local-cluster"):
+        return None
+    return int(master.split("[")[1].split(",")[0])
+
+
 def warm_executors(sc, count: int, timeout: float = 120) -> None:
     """Wait until ``count`` executors have registered, then run a task on each of their cores
     (``spark.executor.cores``) that imports torch and sparkdl, so that no later task pays a
@@ -86,12 +94,13 @@ def warm_executors(sc, count: int, timeout: float = 120) -> None:
     raise RuntimeError(f"the warm-up ran on {len(dirs)} of {count} executors: {sorted(dirs)}")
 
 
-def task_result_sizes(sc):
+def task_result_sizes(sc, before=()):
     """The ``resultSize`` metric (bytes of the serialized result a task sent the driver) of
-    every task of every job so far, from the application's status store."""
+    every task of every job so far but the jobs ``before``, from the application's status
+    store."""
     store, tracker = sc._jsc.sc().statusStore(), sc.statusTracker()
     sizes = []
-    for job in tracker.getJobIdsForGroup(None):
+    for job in set(tracker.getJobIdsForGroup(None)) - set(before):
         info = tracker.getJobInfo(job)
         for stage in (info.stageIds if info is not None else ()):
             for attempt in range(4):
@@ -211,7 +220,8 @@ def resume_after_a_killed_driver(tmp_path, iterations, *extra):
     return second, resumed
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line of one run (module docstring)."""
     p = argparse.ArgumentParser()
     p.add_argument("master")
     p.add_argument("out")
@@ -248,7 +258,17 @@ def main() -> None:
                    "import torch and sparkdl on each before training")
     p.add_argument("--scan-local-dir", help="spark.local.dir; during training, the executors' "
                    "directories and this one are searched for the training data's bytes")
-    args = p.parse_args()
+    return p
+
+
+SESSION_SETTINGS = ("master", "secure", "locality_wait", "encrypt_io", "scan_local_dir", "conf")
+"""The options that configure the SparkContext rather than one fit: runs in one driver process
+(cluster_scenarios.py) must agree on them."""
+
+
+def start_session(args):
+    """The SparkSession of ``args`` (its master and :data:`SESSION_SETTINGS`), logging at INFO
+    to stderr, Spark's own log at ERROR."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     import logging
 
@@ -273,6 +293,14 @@ def main() -> None:
     spark = builder.getOrCreate()
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")
+    return spark
+
+
+def run(spark, args) -> None:
+    """One run of ``args`` in ``spark``'s SparkContext: the fit, its saved state_dict and its
+    printed report (module docstring)."""
+    sc = spark.sparkContext
+    jobs_before = set(sc.statusTracker().getJobIdsForGroup(None))
     if args.warm_executors:
         warm_executors(sc, args.warm_executors)
     criterion = (FaultInjectingLoss(args.fault, args.marker, args.fault_at_call) if args.fault
@@ -311,13 +339,13 @@ def main() -> None:
         print(f"inference_rows={rows}")
     executors = sc._jsc.sc().getExecutorMemoryStatus().size() - 1
     killed_an_executor = args.fault in ("executor", "executor-validation")
-    if killed_an_executor and args.master.startswith("local-cluster"):
+    if killed_an_executor and local_cluster_executors(args.master):
         # A short fit can end before the worker's replacement executor has registered (seen on
         # CI: a 13 s run of rounds): the cluster is whole again when the replacement has joined.
-        executors = wait_for_executors(sc, int(args.master.split("[")[1].split(",")[0]))
+        executors = wait_for_executors(sc, local_cluster_executors(args.master))
     torch.save(trained.state_dict(), args.out)
     if args.result_sizes:
-        results = task_result_sizes(sc)
+        results = task_result_sizes(sc, jobs_before)
         print(f"max_task_result_bytes={max(results)}")
         print(f"result_bytes_per_iteration={sum(results) // max(1, args.iterations)}")
     print(f"executors={executors}")
@@ -329,6 +357,12 @@ def main() -> None:
     print(f"executors_avoided={opt.summary.executors_avoided}")
     print(f"shard_bytes={opt.summary.shard_bytes}")
     print("task_executors=" + json.dumps([r.executors for r in opt.summary.iterations]))
+
+
+def main() -> None:
+    args = parser().parse_args()
+    spark = start_session(args)
+    run(spark, args)
     spark.stop()
 
 
