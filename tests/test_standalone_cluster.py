@@ -134,7 +134,7 @@ def test_executors_join_and_leave_under_dynamic_allocation(sc, tmp_path):
 
     from models import SmallNet, bitwise_equal
 
-    iterations, sizes = 40, [30, 20, 25, 15, 30, 20, 10, 25]
+    iterations, sizes = 20, [30, 20, 25, 15, 30, 20, 10, 25]
     tests = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
                SPARK_NO_DAEMONIZE="1",
