@@ -58,7 +58,7 @@ def parse_scenarios(master: str, pairs: list[tuple[str, str]]):
     return parsed
 
 
-def _mark(line: str) -> None:
+def mark(line: str) -> None:
     """``line`` on stdout and on stderr, after everything written before it."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
@@ -95,14 +95,14 @@ def main() -> None:
     for name, args in scenarios:
         if executors:
             cluster_job.wait_for_executors(spark.sparkContext, executors)
-        _mark(BEGIN.format(name=name))
+        mark(BEGIN.format(name=name))
         try:
             cluster_job.run(spark, args)
             status = "ok"
         except Exception:  # reported in its section; the next scenario still runs
             traceback.print_exc()
             status = "failed"
-        _mark(END.format(name=name, status=status))
+        mark(END.format(name=name, status=status))
     spark.stop()
 
 

@@ -9,8 +9,9 @@ over cluster_job's data) as one :class:`sparkdl.FitSet` per strategy, one strate
 other in the same driver, and saves each strategy's state_dicts, in order, to
 ``OUT_DIR/STRATEGY.pt``. Each strategy has its own fits, its own fault (``--fault executor``
 kills an executor once, claiming ``OUT_DIR/STRATEGY.marker``) and its own checkpoint directory
-(``DIR/STRATEGY``); what the driver prints and logs while it trains a strategy is delimited on
-stdout and on stderr by :func:`begins` and :func:`ends` (read one back with :func:`section`).
+(``DIR/STRATEGY``); what the driver prints and logs while it trains a strategy is its section of
+stdout and of stderr, delimited as cluster_scenarios.py's scenarios are (read one back with
+:func:`cluster_scenarios.section`; a strategy that raises ends the process, unended).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from cluster_job import SEED, SIZES, wait_for_executors  # noqa: E402
+from cluster_job import SEED, SIZES, local_cluster_executors, wait_for_executors  # noqa: E402
+from cluster_scenarios import BEGIN, END, mark  # noqa: E402
 from models import FaultInjectingLoss, SmallNet, classification_data, make_rdd  # noqa: E402
 
 SETTINGS = [(0.01, 16, 8), (0.003, 16, 8), (0.01, 24, 10)]   # lr, batch size, iterations
@@ -49,30 +51,6 @@ def fits(sc, criterion=None, checkpoint=None):
     return out
 
 
-def begins(strategy: str) -> str:
-    return f"==== fit_set_job: {strategy} begins ===="
-
-
-def ends(strategy: str) -> str:
-    return f"==== fit_set_job: {strategy} ends ===="
-
-
-def section(text: str, strategy: str) -> str:
-    """What ``text`` (the job's stdout or stderr) holds between ``strategy``'s delimiters;
-    an error naming the delimiter that is missing."""
-    for line in (begins(strategy), ends(strategy)):
-        if text.count(line) != 1:
-            raise AssertionError(f"{line!r} is in the job's output {text.count(line)} times")
-    start = text.index(begins(strategy)) + len(begins(strategy))
-    return text[start:text.index(ends(strategy))]
-
-
-def _delimit(line: str) -> None:
-    for stream in (sys.stdout, sys.stderr):
-        stream.write(line + "\n")
-        stream.flush()
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("master")
@@ -96,8 +74,8 @@ def main() -> None:
         if k and args.fault == "executor":
             # the worker relaunches the killed executor: the next strategy starts on a whole
             # cluster, as the first did
-            wait_for_executors(sc, int(args.master.split("[")[1].split(",")[0]))
-        _delimit(begins(strategy))
+            wait_for_executors(sc, local_cluster_executors(args.master))
+        mark(BEGIN.format(name=strategy))
         # a hop task's criterion is a fresh copy per model and sub-epoch (at most 3 batches)
         at_call = 2 if strategy == "hop" else 4
         marker = os.path.join(args.out_dir, f"{strategy}.marker")
@@ -110,7 +88,7 @@ def main() -> None:
         print("iterations=" + ",".join(str(f.iteration) for f in trained))
         torch.save([f.model.state_dict() for f in trained],
                    os.path.join(args.out_dir, f"{strategy}.pt"))
-        _delimit(ends(strategy))
+        mark(END.format(name=strategy, status="ok"))
     spark.stop()
 
 

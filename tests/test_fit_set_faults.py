@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+import cluster_scenarios
 import fit_set_job
 from models import SmallNet, bitwise_equal, kill_driver_after_first_checkpoint
 
@@ -66,7 +67,9 @@ def test_an_executor_killed_mid_job_leaves_every_fit_bitwise(clean_runs, executo
     kept)."""
     proc, out = executor_killed
     assert proc.returncode == 0, proc.stderr[-4000:]
-    stdout, stderr = (fit_set_job.section(text, strategy) for text in (proc.stdout, proc.stderr))
+    part = cluster_scenarios.section(proc.stdout, proc.stderr, strategy)
+    assert part.status == "ok", part.stderr[-4000:]
+    stdout, stderr = part.stdout, part.stderr
     assert (out / f"{strategy}.marker").exists(), "no executor was killed"
     assert "rebuilding all 4 of them from the RDD lineage" in stderr, stderr[-4000:]
     if strategy == "together":

@@ -71,9 +71,9 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
         self._options = RunnerOptions()
         self._resources: Any = None
         self._broadcast: Any = None
-        self._record_bytes: int | None = None     # spark.sparkdl.maxRecordBytes, at the first fit
         """What the fits' weight refreshes broadcast with: one broadcast per value, or during a
         pass's iteration a :class:`BroadcastBundle` (one broadcast for every fit's values)."""
+        self._record_bytes: int | None = None     # spark.sparkdl.maxRecordBytes, at the first fit
         self._memory_deaths: set[str] = set()   # executors already named as out of memory
         self._closed: list[str] = []      # the replicas' keys of fits closed before the runner
         self._rounds = RoundBroadcasts(sc)
