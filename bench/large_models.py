@@ -1,6 +1,7 @@
 """Large models on local[2]: per-iteration time against model size, and the largest model that
 trains, for sparkdl sync, sparkdl rounds (H = 16) and TorchDistributor (2 gloo ranks, DDP), at a
-given driver heap (issue "Large models").
+given driver heap (issue "Large models"); ``--optimizer adam`` puts Adam inside every runner,
+``--master`` runs sparkdl on another master (``local-cluster[...]``: executors of their own).
 
 Every measurement runs in a process of its own (its own JVM, with ``spark.driver.memory`` set to
 ``--heap`` and Spark's default ``spark.driver.maxResultSize``), under a time limit; a run that
@@ -21,11 +22,17 @@ Each run's peak memory (the machine's, sampled) is reported beside it.
     python bench/large_models.py largest --heap 2g --kind mlp --runners sync rounds td \\
         --sizes 300 450 600 800
     python bench/large_models.py equal --millions 303 --heap 2g   # the issue's target
+    python bench/large_models.py largest --heap 2g --kind mlp --optimizer adam \\
+        --runners rounds td --sizes 200 300 400 --rounds 2        # Adam inside
+    python bench/large_models.py curve --runners rounds --sizes 300 --optimizer adam \\
+        --heap 2g --rounds 2 --master 'local-cluster[2,1,2048]' \\
+        --conf spark.executor.memory=2g                            # on executors of their own
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -87,6 +94,13 @@ def criterion(kind: str) -> Any:
     return lambda logits, y: nn.functional.cross_entropy(logits, y.reshape(-1))
 
 
+def make_optimizer(name: str, params: Any) -> torch.optim.Optimizer:
+    """``sgd`` (lr 1e-3, no state) or ``adam`` (lr 1e-4: two state tensors per parameter)."""
+    if name == "adam":
+        return torch.optim.Adam(params, lr=1e-4)
+    return torch.optim.SGD(params, lr=1e-3)
+
+
 def per_iteration(stamps: list[float], per: int = 1) -> float:
     gaps = [(b - a) / per for a, b in zip(stamps[1:], stamps[2:])] or \
         [(stamps[-1] - stamps[0]) / per]
@@ -99,8 +113,10 @@ def measure_sparkdl(args: Any) -> dict[str, Any]:
     from sparkdl.spark_settings import spark_session
     from sparkdl.triggers import MaxIteration, Trigger
 
-    spark = spark_session("large models", "local[2]", {"spark.driver.memory": args.heap,
-                                                        "spark.ui.enabled": "false"})
+    spark = spark_session("large models", args.master, {"spark.driver.memory": args.heap,
+                                                         "spark.ui.enabled": "false",
+                                                         **dict(c.split("=", 1)
+                                                                for c in args.conf)})
     spark.sparkContext.setLogLevel("OFF")
     batch, x, y = batch_and_data(args.kind)
     rdd = spark.sparkContext.parallelize(list(zip(x, y)), PARTITIONS)
@@ -118,7 +134,7 @@ def measure_sparkdl(args: Any) -> dict[str, Any]:
             return MaxIteration(iterations)(state)
 
     fit = DistriOptimizer(model, rdd, criterion(args.kind),
-                          torch.optim.SGD(model.parameters(), lr=1e-3), batch_size=batch,
+                          make_optimizer(args.optimizer, model.parameters()), batch_size=batch,
                           end_trigger=Stamp(), seed=1, progress_bar=False,
                           local_steps=LOCAL_STEPS if rounds else 1,
                           outer_optimizer="average" if rounds else None)
@@ -134,7 +150,8 @@ def measure_sparkdl(args: Any) -> dict[str, Any]:
     return {"per_iteration_s": seconds, "samples_per_s": batch / seconds}
 
 
-def _ddp(kind: str, millions: float, iterations: int, path: str) -> list[float]:
+def _ddp(kind: str, millions: float, iterations: int, path: str,
+         optimizer: str = "sgd") -> list[float]:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -144,7 +161,7 @@ def _ddp(kind: str, millions: float, iterations: int, path: str) -> list[float]:
     data = np.load(path)
     x, y = torch.from_numpy(data["x"]), torch.from_numpy(data["y"])
     net = DistributedDataParallel(make_model(kind, millions))
-    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+    opt = make_optimizer(optimizer, net.parameters())
     loss_fn = criterion(kind)
     local = int(data["batch"]) // PARTITIONS
     stamps = []
@@ -154,6 +171,9 @@ def _ddp(kind: str, millions: float, iterations: int, path: str) -> list[float]:
         loss_fn(net(x[lo:lo + local]), y[lo:lo + local]).backward()
         opt.step()
         stamps.append(time.perf_counter())
+    del net, opt       # DDP's reducer dropped before its process group (else a rank may hang)
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
     return stamps
 
@@ -171,7 +191,7 @@ def measure_td(args: Any) -> dict[str, Any]:
         np.savez(path, x=x, y=y, batch=batch)
         stamps = TorchDistributor(num_processes=PARTITIONS, local_mode=True,
                                   use_gpu=False).run(_ddp, args.kind, args.millions,
-                                                     args.iterations, path)
+                                                     args.iterations, path, args.optimizer)
     seconds = per_iteration(stamps)
     return {"per_iteration_s": seconds, "samples_per_s": batch / seconds}
 
@@ -195,12 +215,14 @@ def _available_gib() -> float:
 
 
 def run_one(runner: str, kind: str, millions: float, heap: str, iterations: int,
-            timeout: float, rounds: int = 4) -> dict[str, Any]:
+            timeout: float, rounds: int = 4, optimizer: str = "sgd",
+            master: str = "local[2]", conf: list[str] | None = None) -> dict[str, Any]:
     """One measurement in a process of its own; ``peak_gib``: the most memory the machine had in
     use beyond what it had before the run (sampled every 0.2 s)."""
     cmd = [sys.executable, os.path.abspath(__file__), "measure", "--runner", runner, "--kind",
            kind, "--millions", str(millions), "--heap", heap, "--iterations", str(iterations),
-           "--rounds", str(rounds)]
+           "--rounds", str(rounds), "--optimizer", optimizer, "--master", master,
+           *[a for c in conf or [] for a in ("--conf", c)]]
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
     before = _available_gib()
     lowest = before
@@ -249,7 +271,7 @@ def sweep(args: Any, stop_at_failure: bool) -> None:
     for runner in args.runners:
         for millions in args.sizes:
             row = run_one(runner, args.kind, millions, args.heap, args.iterations, args.timeout,
-                          args.rounds)
+                          args.rounds, args.optimizer, args.master, args.conf)
             row.update(runner=runner, kind=args.kind, millions=millions, heap=args.heap)
             rows.append(row)
             show([row])
@@ -311,6 +333,13 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=4,
                    help="rounds of a rounds fit (its time: the median of rounds 2 to N)")
     p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"],
+                   help="inside every runner (rounds: inside the rounds, averaged outside)")
+    p.add_argument("--master", default="local[2]",
+                   help="sparkdl's master, e.g. local-cluster[2,1,2048] (TorchDistributor's "
+                        "ranks always run on the driver's machine)")
+    p.add_argument("--conf", action="append", default=[],
+                   help="KEY=VALUE, a Spark setting of sparkdl's session")
     args = p.parse_args()
     if args.command == "measure":
         measure(args)

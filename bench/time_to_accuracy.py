@@ -35,6 +35,7 @@ thread each), side by side, interleaved.
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import multiprocessing
 import os
@@ -259,6 +260,11 @@ def _ddp(w: Workload, path: str, seed: int, target: float, full: bool, postlocal
             evals.append((time.time() - started, float(total) / len(yte)))
             if not full and evals[-1][1] >= target:
                 break
+    # DDP's reducer dropped while the process group lives (at the interpreter's exit, its
+    # group's destructor waits on gloo threads that wait for the GIL: a rank hangs)
+    del net, opt, inner
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
     return evals
 

@@ -3,7 +3,7 @@ driver process on a master of its own with Spark's event log on (only one SparkC
 live in a process):
 
     python round_bytes_job.py MASTER OUT_DIR [--hidden N] [--partitions 2,4] [--optimizers
-        adam,sgd-momentum] [--iterations N] [--allreduce auto|shuffle|driver]
+        adam,sgd-momentum] [--iterations N] [--batch N] [--allreduce auto|shuffle|driver]
         [--conf KEY=VALUE ...]
 
 Each fit (named ``<optimizer>-p<P>``) runs in its own job group and saves its weights as
@@ -60,6 +60,7 @@ def main() -> None:
     p.add_argument("--partitions", default="2,4")
     p.add_argument("--optimizers", default="adam,sgd-momentum")
     p.add_argument("--iterations", type=int, default=8)
+    p.add_argument("--batch", type=int, default=BATCH, help="the global batch")
     p.add_argument("--allreduce", default="auto", help="DistriOptimizer's allreduce")
     p.add_argument("--conf", action="append", default=[], help="KEY=VALUE, a Spark setting")
     args = p.parse_args()
@@ -86,7 +87,7 @@ def main() -> None:
             make = optimizer_for(name)
             sc.setJobGroup(key, key)
             opt = DistriOptimizer(net, make_rdd(sc, list(zip(x, y)), sizes),
-                                  torch.nn.CrossEntropyLoss(), make(net), batch_size=BATCH,
+                                  torch.nn.CrossEntropyLoss(), make(net), batch_size=args.batch,
                                   seed=SEED, end_trigger=MaxIteration(args.iterations),
                                   progress_bar=False, local_steps=LOCAL_STEPS,
                                   allreduce=args.allreduce,
