@@ -5,7 +5,8 @@
 - ``spark.python.unix.domain.socket.enabled=true`` (pyspark 4.1+; older versions ignore it):
   the JVM talks to Python workers over a Unix socket; over loopback TCP each task waited ~40 ms
   for its first input bytes (Nagle / delayed ACK), once per task and so several times per
-  iteration.
+  iteration. (As the context stops, pyspark's daemon would print a ``BrokenPipeError``
+  traceback for each idle worker on this socket: :mod:`sparkdl.executor.daemon_exit`.)
 - ``spark.task.maxDirectResultSize=64m``: a task result above Spark's 1 MiB default is put in
   the executor's block manager and fetched from there by the driver, an extra store and read of
   every summed gradient block; up to 64 MiB (under the 128 MiB RPC message limit) it travels in

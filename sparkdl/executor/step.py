@@ -32,6 +32,7 @@ from ..training_step import step_loss_sums, step_loss_terms
 from ..transport.table_rows import Rows, sum_rows
 from ..transport.weight_refresh import Refresh, sync_replica
 from ..metrics import ValidationMetric, uses_step_loss
+from .daemon_exit import quiet_closed_socket_once
 from .id_checks import IdOrigin, argument_names, checked_ids
 from .process_memory import current_rss_bytes
 from .replicas import Replica, set_training_modes
@@ -102,8 +103,12 @@ class PartitionMetrics:
 
 def set_task_threads(sub_replicas: int = 1) -> None:
     """Use as many torch threads as Spark gave the task cores (``spark.task.cpus``), shared
-    among ``sub_replicas`` sub-replicas running at once (at least one each)."""
+    among ``sub_replicas`` sub-replicas running at once (at least one each). Every sparkdl
+    task that computes calls it first; it also makes the worker end quietly once the JVM has
+    closed its socket (:func:`~sparkdl.executor.daemon_exit.quiet_closed_socket_once`)."""
     from pyspark import TaskContext
+
+    quiet_closed_socket_once()
 
     ctx = TaskContext.get()
     cpus = ctx.cpus() if ctx is not None else 1
