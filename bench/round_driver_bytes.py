@@ -57,13 +57,11 @@ def main() -> None:
     print("| P | weights MB | P x Adam state MB | received MB/round | sent MB/round | "
           "total MB/round | total / (2 x weights) |")
     print("|---|---|---|---|---|---|---|")
+    sys.path.insert(0, TESTS)
+    from round_bytes_job import mean_round_bytes
+
     for key, fit in fits.items():
-        jobs = [j for j in fit["jobs"] if "all-reduce" in j["call_site"]]
-        per = max(1, len(jobs) // fit["rounds"])
-        later = jobs[per:]
-        rounds = max(1, len(later) // per)
-        received = sum(j["received"] for j in later) / rounds
-        sent = sum(j["sent"] for j in later) / rounds
+        received, sent = mean_round_bytes(fit)
         weights = fit["weights_bytes"]
         mb = 1e6
         print(f"| {fit['partitions']} | {weights / mb:.2f} | "

@@ -23,7 +23,6 @@ import sys
 import tempfile
 import time
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -66,15 +65,9 @@ def run_cell(name: str, timeout: float) -> str:
         return f"| {master} | {', '.join(conf)} | failed: {last} | | | |"
     with open(os.path.join(out, "bytes.json")) as f:
         fit = json.load(f)["adam-p2"]
-    jobs = [j for j in fit["jobs"] if "all-reduce" in j["call_site"]]
-    per = max(1, len(jobs) // fit["rounds"])
-    later = jobs[per:]              # the first round ships the fit's bundle
-    rounds = max(1, len(later) // per)
-    moved = sum(j["received"] + j["sent"] for j in later) / rounds
-    x, y, sizes = job.dataset(2)
-    bounds = np.concatenate([[0], np.cumsum(sizes)])
-    parts = [(x[a:b], y[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
-    expected = rounds_reference(job.initial_model(HIDDEN), parts, nn.CrossEntropyLoss(),
+    moved = sum(job.mean_round_bytes(fit))
+    expected = rounds_reference(job.initial_model(HIDDEN), job.partition_arrays(2),
+                                nn.CrossEntropyLoss(),
                                 job.optimizer_for("adam"), BATCH, job.SEED, ITERATIONS,
                                 job.LOCAL_STEPS, "average")
     trained = job.initial_model(HIDDEN)

@@ -20,6 +20,7 @@ import os
 import sys
 import tempfile
 
+import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -50,6 +51,25 @@ def dataset(partitions: int):
     """The rows and their split into ``partitions`` (as ``make_rdd`` splits them)."""
     x, y = classification_data(ROWS, seed=1)
     return x, y, [ROWS // partitions] * partitions
+
+
+def partition_arrays(partitions: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each partition's ``(x, y)`` of :func:`dataset`, in partition order (as ``make_rdd``
+    splits it; the form ``rounds_reference`` takes)."""
+    x, y, sizes = dataset(partitions)
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    return [(x[a:b], y[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def mean_round_bytes(fit: dict) -> tuple[float, float]:
+    """The bytes the driver received and sent per round of ``fit`` (an entry of
+    ``bytes.json``), over its rounds after the first (which ships the fit's bundle once)."""
+    jobs = [j for j in fit["jobs"] if "all-reduce" in j["call_site"]]
+    per = max(1, len(jobs) // fit["rounds"])
+    later = jobs[per:]
+    rounds = max(1, len(later) // per)
+    return (sum(j["received"] for j in later) / rounds,
+            sum(j["sent"] for j in later) / rounds)
 
 
 def main() -> None:

@@ -64,10 +64,9 @@ def test_rounds_with_adam_and_momentum_under_a_small_result_limit_equal_their_de
         name, partitions = key.rsplit("-p", 1)
         state = 2 * fit["weights_bytes"] if name == "adam" else fit["weights_bytes"]
         assert int(partitions) * state >= 1.5 * RESULT_LIMIT    # the states could not pass
-        x, y, sizes = job.dataset(int(partitions))
-        bounds = np.concatenate([[0], np.cumsum(sizes)])
-        parts = [(x[a:b], y[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
-        expected = rounds_reference(job.initial_model(20000), parts, nn.CrossEntropyLoss(),
+        expected = rounds_reference(job.initial_model(20000),
+                                    job.partition_arrays(int(partitions)),
+                                    nn.CrossEntropyLoss(),
                                     job.optimizer_for(name), job.BATCH, job.SEED, 8,
                                     job.LOCAL_STEPS, "average")
         trained = job.initial_model(20000)
