@@ -35,9 +35,9 @@ HIDDEN = 155_000          # 20.0 M parameters: an 80 MiB vector
 D = 64
 
 
-def make_model() -> nn.Module:
+def make_model(hidden: int = HIDDEN) -> nn.Module:
     torch.manual_seed(11)
-    return nn.Sequential(nn.Linear(D, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, D))
+    return nn.Sequential(nn.Linear(D, hidden), nn.ReLU(), nn.Linear(hidden, D))
 
 
 def data() -> tuple[np.ndarray, np.ndarray]:

@@ -81,6 +81,47 @@ def test_a_model_above_the_drivers_budget_trains_on_a_small_heap_and_equals_torc
 
 
 @pytest.mark.cluster
+def test_a_model_several_times_each_jvms_heap_share_trains_on_512m_heaps_and_equals_torch(
+        tmp_path):
+    """A 192 MiB vector on local-cluster with 512m executors and a 512m driver (Spark's memory
+    manager lends each about 127 MiB): every record, task result and broadcast piece crossing
+    a JVM is at most spark.sparkdl.maxRecordBytes (32m), so nothing in a JVM grows with the
+    model. The fit equals plain single-process torch within 1e-5, with and without
+    spark.io.encryption.enabled."""
+    import small_heaps_job as heaps
+
+    out = tmp_path / "heaps.pt"
+    try:
+        proc = subprocess.run([sys.executable, os.path.join(HERE, "small_heaps_job.py"),
+                               str(out)], capture_output=True, text=True, timeout=600, cwd=HERE)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"small_heaps_job.py ran past 600 s: {str(exc.stderr)[-4000:]}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    for encrypted in (False, True):
+        assert (f"encrypted={encrypted} driver_heap_mib=" in proc.stdout and
+                "executor_memory=512m" in proc.stdout), proc.stdout
+    heap_mib = float(proc.stdout.split("driver_heap_mib=")[1].split()[0])
+    assert heap_mib <= 512                         # the driver's heap is the 512m asked for
+    # the vector in blocks of 32 MiB, the sums in jobs of an eighth of the driver's heap
+    assert proc.stderr.count("the sums of 6 blocks of 32.0 MiB reach the driver in 3 jobs of "
+                             "at most 64.0 MiB") == 2
+    initial = heaps.make_model()
+    vector_bytes = sum(p.numel() * 4 for p in initial.parameters())
+    assert vector_bytes > 1.5 * (512 - 300) * 0.6 * 2**20       # several times a heap's share
+    x, y = heaps.data()
+    expected = reference_train(initial, x, y, nn.MSELoss(),
+                               lambda m: torch.optim.SGD(m.parameters(), lr=heaps.LR,
+                                                         momentum=0.9),
+                               BatchPlan(heaps.SIZES, heaps.BATCH, heaps.SEED), heaps.ITERATIONS)
+    saved = torch.load(out, weights_only=True)
+    for run in ("plain", "encrypted"):
+        trained = heaps.make_model()
+        trained.load_state_dict(saved[run])
+        assert max_abs_diff(trained, expected) < 1e-5, run
+        assert max_abs_diff(trained, initial) > 1e-4, run    # it trained: ten times the tolerance
+
+
+@pytest.mark.cluster
 def test_a_driver_out_of_heap_ends_the_fit_with_an_error_naming_the_driver():
     """A local master's tasks run in the driver's JVM: 160 MB results on a 512m heap run it
     out. Whichever thread runs out first (a task's: Spark's handler exits the JVM; or a
