@@ -22,6 +22,8 @@ Each run's peak memory (the machine's, sampled) is reported beside it.
     python bench/large_models.py largest --heap 2g --kind mlp --runners sync rounds td \\
         --sizes 300 450 600 800
     python bench/large_models.py equal --millions 303 --heap 2g   # the issue's target
+    python bench/large_models.py equal --millions 294 --heap 2g --momentum 0.9 \\
+        --master 'local-cluster[2,1,2048]'                         # on executors of their own
     python bench/large_models.py largest --heap 2g --kind mlp --optimizer adam \\
         --runners rounds td --sizes 200 300 400 --rounds 2        # Adam inside
     python bench/large_models.py curve --runners rounds --sizes 300 --optimizer adam \\
@@ -283,8 +285,9 @@ def sweep(args: Any, stop_at_failure: bool) -> None:
 
 def equal(args: Any) -> None:
     """The issue's target: the MLP of ``--millions`` trained for 3 iterations of sparkdl sync
-    (SGD) on local[2] with ``--heap`` and Spark's default maxResultSize, then plain
-    single-process torch on the same union batches; prints the largest difference."""
+    (SGD, with ``--momentum``) on ``--master`` with ``--heap``, the ``--conf`` settings and
+    Spark's default maxResultSize, then plain single-process torch on the same union batches;
+    prints the largest difference."""
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
     from models import max_abs_diff, reference_train
     from sparkdl import DistriOptimizer
@@ -292,8 +295,9 @@ def equal(args: Any) -> None:
     from sparkdl.spark_settings import spark_session
     from sparkdl.triggers import MaxIteration
 
-    spark = spark_session("large models (equal)", "local[2]", {"spark.driver.memory": args.heap,
-                                                               "spark.ui.enabled": "false"})
+    spark = spark_session("large models (equal)", args.master,
+                          {"spark.driver.memory": args.heap, "spark.ui.enabled": "false",
+                           **dict(c.split("=", 1) for c in args.conf)})
     spark.sparkContext.setLogLevel("OFF")
     batch, x, y = batch_and_data("mlp")
     sizes = [len(x) // PARTITIONS] * PARTITIONS
@@ -303,7 +307,8 @@ def equal(args: Any) -> None:
     model = make_model("mlp", args.millions)
     initial_state = {k: v.clone() for k, v in model.state_dict().items()}
     started = time.perf_counter()
-    DistriOptimizer(model, rdd, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=1e-3),
+    DistriOptimizer(model, rdd, nn.MSELoss(),
+                    torch.optim.SGD(model.parameters(), lr=1e-3, momentum=args.momentum),
                     batch_size=batch, end_trigger=MaxIteration(3), seed=1,
                     progress_bar=False).optimize()
     seconds = time.perf_counter() - started
@@ -312,10 +317,12 @@ def equal(args: Any) -> None:
     reference.load_state_dict(initial_state)
     del initial_state
     expected = reference_train(reference, x, y, nn.MSELoss(),
-                               lambda m: torch.optim.SGD(m.parameters(), lr=1e-3),
+                               lambda m: torch.optim.SGD(m.parameters(), lr=1e-3,
+                                                         momentum=args.momentum),
                                BatchPlan(sizes, batch, 1), 3)
     params = sum(p.numel() for p in model.parameters())
-    print(f"{params / 1e6:.1f} M parameters, heap {args.heap}: 3 iterations in {seconds:.0f} s, "
+    print(f"{params / 1e6:.1f} M parameters on {args.master}, heap {args.heap}, momentum "
+          f"{args.momentum}: 3 iterations in {seconds:.0f} s, "
           f"largest difference from single-process torch {max_abs_diff(model, expected):.3g}, "
           f"largest change {max_abs_diff(model, reference):.3g}")
 
@@ -335,6 +342,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"],
                    help="inside every runner (rounds: inside the rounds, averaged outside)")
+    p.add_argument("--momentum", type=float, default=0.0, help="equal: SGD's momentum")
     p.add_argument("--master", default="local[2]",
                    help="sparkdl's master, e.g. local-cluster[2,1,2048] (TorchDistributor's "
                         "ranks always run on the driver's machine)")

@@ -1,13 +1,15 @@
 """Fit the per-iteration cost model of docs/scaling.md on this machine and predict larger clusters.
 
     python bench/scaling_model.py [--master local[2]] [--bandwidth-gbit 10]
+    python bench/scaling_model.py --master "local-cluster[4,1,1024]" --partitions 4
 
 Measures, in one Spark session: an empty two-stage PySpark job on 2 tasks (the fixed cost of an
 iteration's job, whose tasks run in parallel), JVM-only jobs on 2 and 64 partitions (an upper
 bound on the driver's serial cost per task: scheduling, serialising and tracking a task), and
 sparkdl's iteration on W2 (LeNet-5, batch 1024) and W3 (MLP 784-4096-4096-10, batch 128) on 2
-partitions: per-sample compute of one task, and, from W3, the per-byte cost of moving a gradient
-through Python and the JVM. Then predicts iteration time, throughput and scaling efficiency at 8,
+partitions (``--partitions``: as many; on ``local-cluster[N,1,...]`` one per executor):
+per-sample compute of one task, and, from W3, the per-byte cost of moving a gradient through
+Python and the JVM. Then predicts iteration time, throughput and scaling efficiency at 8,
 32 and 128 executors (one task each, per-task batch as on 2 workers: weak scaling) for an
 assumed network bandwidth, on both AllReduce paths, and the 16 -> 96 efficiency to compare with
 BigDL's published ~88%.
@@ -69,9 +71,14 @@ def main() -> None:
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--bandwidth-gbit", type=float, default=10.0)
     ap.add_argument("--executor-cores", type=int, default=8)
+    ap.add_argument("--partitions", type=int, default=2,
+                    help="the fitted runs' tasks (the workloads' global batch split in as many)")
     ap.add_argument("--sub-replica-efficiency", type=float, default=0.9,
                     help="parallel efficiency of a task's sub-replicas (bench/task_aggregation.py)")
     args = ap.parse_args()
+    import compare_runners
+
+    compare_runners.PARTITIONS = parts = args.partitions
     from sparkdl.transport.allreduce import choose_allreduce
     from sparkdl.spark_settings import spark_session
 
@@ -86,7 +93,7 @@ def main() -> None:
             ("W2", "shuffle"): run_sparkdl(w2, x, y, sc=sc, allreduce="shuffle").split,
             ("W3", "shuffle"): run_sparkdl(w3, x, y, sc=sc, allreduce="shuffle").split}
     sizes = {name: WORKLOADS[name].gradient_bytes() for name in ("W2", "W3")}
-    per_sample = {name: runs[(name, "shuffle")]["compute_s"] / (WORKLOADS[name].batch // 2)
+    per_sample = {name: runs[(name, "shuffle")]["compute_s"] / (WORKLOADS[name].batch // parts)
                   for name in ("W2", "W3")}
     fit = {"d": max(0.0, (jv64 - jv2) / 62)}
     fit["j_s"] = runs[("W2", "shuffle")]["wall_s"] - runs[("W2", "shuffle")]["compute_s"]
@@ -95,13 +102,14 @@ def main() -> None:
     fit["j_d"] = (runs[("W2", "driver")]["wall_s"] - runs[("W2", "driver")]["compute_s"]
                   - 2 * fit["q"] * sizes["W2"])
     bw = args.bandwidth_gbit * 1e9 / 8
-    print(f"fitted on {args.master}: j_s = {1e3 * fit['j_s']:.1f} ms (two stages), j_d = "
+    print(f"fitted on {args.master}, {parts} tasks: j_s = {1e3 * fit['j_s']:.1f} ms (two "
+          "stages), j_d = "
           f"{1e3 * fit['j_d']:.1f} ms (one stage), q = {1e9 * fit['q']:.2f} ns/byte per pass, "
           f"d <= {1e3 * fit['d']:.2f} ms/task (JVM-only job {1e3 * jv2:.1f} ms on 2 partitions, "
           f"{1e3 * jv64:.1f} ms on 64); network {args.bandwidth_gbit:g} Gbit/s\n")
     for (name, path), split in runs.items():
-        b = WORKLOADS[name].batch // 2
-        model = predict(path, per_sample[name], b, sizes[name], fit, float("inf"), 2)
+        b = WORKLOADS[name].batch // parts
+        model = predict(path, per_sample[name], b, sizes[name], fit, float("inf"), parts)
         print(f"{name} {path}: gradient {sizes[name] / 2**20:.2f} MiB, {b} samples/task, "
               f"compute {1e3 * per_sample[name]:.3f} ms/sample; measured iteration "
               f"{1e3 * split['wall_s']:.1f} ms, model {1e3 * model:.1f} ms")

@@ -15,6 +15,20 @@
 - ``spark.ui.showConsoleProgress=false``: Spark's stage bar would fight sparkdl's own progress
   bar for the terminal line.
 
+``CLUSTER_CONF`` is added on every master but a local one (``local-cluster``, standalone, YARN,
+Kubernetes: executors in JVMs of their own):
+
+- ``spark.memory.fraction=0.3`` (Spark's default 0.6): the share of a JVM's heap beyond its
+  reserved 300 MiB that Spark's memory manager lends its block store and its tasks' execution
+  memory. A model's weights reach the executors as broadcast pieces that the driver's and each
+  executor's block store keep (:mod:`sparkdl.transport.pieced_broadcast`); a model larger than
+  that pool fills it every iteration, and the gradient blocks, frames and task results that
+  pass through the JVM then have the rest of the heap only. With 0.6, a 294 M-parameter MLP
+  (1.1 GiB) on ``local-cluster[2,1,2048]`` with 2g executors and a 2g driver ran an executor's
+  JVM out of heap at 32 MiB records and the driver's at 8 MiB; with 0.3 it trained at either,
+  within 3.7e-09 of single-process torch (bench/RESULTS.md, "The cluster path"). On a local
+  master large values are files and the pool stays Spark's.
+
 ``LOCAL_JAVA_OPTIONS`` (``-XX:TieredStopAtLevel=1``) is added to ``spark.driver.extraJavaOptions``
 for a ``local[...]`` master started from plain Python, where the one JVM schedules the tasks and
 shares the cores with the Python workers that compute them: HotSpot's optimizing compiler (C2)
@@ -40,12 +54,12 @@ import os
 import sys
 from typing import Any, Callable, Mapping
 
-__all__ = ["RECOMMENDED_CONF", "LOCAL_JAVA_OPTIONS", "recommended_conf", "is_local_master",
+__all__ = ["RECOMMENDED_CONF", "CLUSTER_CONF", "LOCAL_JAVA_OPTIONS", "recommended_conf", "is_local_master",
            "speculation_never_fires", "spark_setting", "spark_session", "sets_pyspark_python",
            "shard_replicas",
            "SHARD_REPLICAS", "DRIVER_JOB_BYTES", "driver_job_bytes_setting", "spark_bytes",
            "MAX_RECORD_BYTES", "DEFAULT_RECORD_BYTES", "max_record_bytes_setting",
-           "spark_flag", "spark_number"]
+           "spark_flag", "spark_number", "RESERVED_HEAP", "storage_pool_bytes"]
 
 RECOMMENDED_CONF: dict[str, str] = {
     "spark.python.unix.domain.socket.enabled": "true",
@@ -53,8 +67,29 @@ RECOMMENDED_CONF: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",
 }
 
+CLUSTER_CONF: dict[str, str] = {
+    "spark.memory.fraction": "0.3",
+}
+"""Added to :data:`RECOMMENDED_CONF` on masters other than a local one (module docstring)."""
+
 LOCAL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 """The driver JVM's options for a ``local[...]`` master (module docstring)."""
+
+
+RESERVED_HEAP = 300 << 20
+"""The part of a JVM's heap Spark's memory manager reserves for itself and never lends. Spark
+refuses to start a heap below 1.5 times this but in its testing mode (which reserves less)."""
+
+
+def storage_pool_bytes(heap: int, fraction: float = 0.6) -> int:
+    """The most of a JVM heap of ``heap`` bytes (``Runtime.maxMemory``) that Spark's block store
+    may fill with cached blocks and broadcast pieces: the unified pool, (``heap`` -
+    :data:`RESERVED_HEAP`) x ``spark.memory.fraction`` (0.6 by default); storage borrows all of
+    it while no task's execution memory needs it, and what it holds is no longer there for
+    task results and records passing through (user memory, which no pool accounts for).
+
+    Example: ``storage_pool_bytes(2048 << 20) >> 20`` is 1048 (MiB)."""
+    return max(0, int((int(heap) - RESERVED_HEAP) * float(fraction)))
 
 
 DRIVER_JOB_BYTES = "spark.sparkdl.driverJobBytes"
@@ -230,14 +265,16 @@ def speculation_never_fires(setting: Callable[[str], str], master: str,
 
 def recommended_conf(master: str, given: set[str], starts_jvm: bool) -> dict[str, str]:
     """The recommended settings a session on ``master`` gets, less the keys in ``given`` (set
-    by the user); :data:`LOCAL_JAVA_OPTIONS` only when the session ``starts_jvm`` on a local
-    master.
+    by the user): :data:`CLUSTER_CONF` too where ``master`` is not a local one;
+    :data:`LOCAL_JAVA_OPTIONS` only when the session ``starts_jvm`` on a local master.
 
     Example::
 
         recommended_conf("local[2]", set(), True)["spark.driver.extraJavaOptions"]
     """
     out = dict(RECOMMENDED_CONF)
+    if not is_local_master(master):
+        out.update(CLUSTER_CONF)
     if starts_jvm and is_local_master(master):
         out["spark.driver.extraJavaOptions"] = LOCAL_JAVA_OPTIONS
     return {k: v for k, v in out.items() if k not in given}

@@ -55,6 +55,58 @@ def test_the_driver_job_bytes_setting_is_read_or_refused_by_name(sc):
                             ("0", "spark.sparkdl.driverJobBytes='0'")])
 
 
+def test_a_jobs_share_of_the_drivers_heap_leaves_out_the_broadcast_pieces_it_holds(sc):
+    """The driver's block store keeps the pieces of the weights it broadcasts (up to Spark's
+    storage pool: (heap - 300 MiB) x spark.memory.fraction), and what it holds is not there for
+    task results: a job hands the driver an eighth of the rest. On a cluster a 1 GiB model's
+    pieces fill a 2 GiB driver's pool: 125 MiB a job, not 256 (150 M parameters with Adam in
+    rounds ran such a driver out of heap at 256)."""
+    from sparkdl.runners.driver_health import driver_job_share, max_result_bytes
+    from sparkdl.spark_settings import storage_pool_bytes
+    from sparkdl.transport.allreduce import driver_job_bytes
+
+    heap = 2 << 30
+    pool = storage_pool_bytes(heap)
+    assert pool == int((2048 - 300) * 0.6 * 2**20)
+    assert driver_job_bytes(heap, 1 << 30) == 256 << 20
+    assert driver_job_bytes(heap, 1 << 30, held_bytes=pool) == (heap - pool) // 8
+    assert round((heap - pool) / 8 / 2**20) == 125
+    assert driver_job_bytes(heap, 1 << 30, chosen=300 << 20, held_bytes=pool) == 300 << 20
+    # the running driver: its own heap, the pieces counted up to its pool
+    jvm_heap = int(sc._jvm.java.lang.Runtime.getRuntime().maxMemory())
+    results = max_result_bytes(sc)
+    assert driver_job_share(sc) == driver_job_bytes(jvm_heap, results)
+    assert driver_job_share(sc, 8 << 20) == driver_job_bytes(jvm_heap, results, None, 8 << 20)
+    assert driver_job_share(sc, 1 << 40) == driver_job_bytes(jvm_heap, results, None,
+                                                             storage_pool_bytes(jvm_heap))
+    assert driver_job_share(sc, 1 << 40) < driver_job_share(sc)
+
+
+def test_weights_above_a_cluster_jvms_block_store_pool_are_warned_of_before_any_job(caplog, sc):
+    """On a cluster master the weights' broadcast pieces fill a JVM's block-store pool every
+    iteration when the model is larger than it, and at Spark's spark.memory.fraction (0.6) the
+    rest of the heap was too little for the records passing through (a 1.1 GiB model on 2g
+    heaps); below 0.3's pool, on a local master (large values are files) or with a model
+    within both pools, nothing is said."""
+    from sparkdl.engine.strategies.sync.pass_memory import block_store_warning
+
+    big = [Footprint(weights=1100 << 20, vector=1100 << 20, optimizer_state=0)]
+    small = [Footprint(weights=200 << 20, vector=200 << 20, optimizer_state=0)]
+    cluster = {"spark.master": "local-cluster[2,1,2048]", "spark.driver.memory": "2g",
+               "spark.executor.memory": "2g"}
+    reason = block_store_warning(cluster.get, big)
+    assert reason is not None and "spark.memory.fraction=0.3" in reason
+    assert "spark.driver.memory=2g" in reason and "(1049 MiB)" in reason   # (2048 - 300) x 0.6
+    assert block_store_warning({**cluster, "spark.executor.memory": "8g",
+                                "spark.driver.memory": "8g"}.get, big) is None
+    assert "spark.executor.memory=1g" in block_store_warning(
+        {**cluster, "spark.executor.memory": "1g", "spark.driver.memory": "8g"}.get, small * 3)
+    assert block_store_warning(cluster.get, small) is None
+    assert block_store_warning({**cluster, "spark.memory.fraction": "0.3"}.get, big) is None
+    assert block_store_warning({**cluster, "spark.master": "local[2]"}.get, big) is None
+    assert block_store_warning({}.get, big) is None
+
+
 def test_budgets_follow_the_settings_as_spark_applies_them():
     settings = {"spark.driver.maxResultSize": "10m", "spark.driver.memory": "2g",
                 "spark.executor.pyspark.memory": "3g", "spark.executor.cores": "3"}

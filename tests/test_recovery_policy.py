@@ -87,11 +87,15 @@ STANDALONE_HEAP = LOST.replace("137", "52")
 
 def test_an_executor_whose_heap_ran_out_is_a_memory_kill():
     """A standalone or local-cluster executor whose JVM ran out of heap exits with code 52:
-    rebuilt once, then the memory error naming the settings."""
+    rebuilt once, then the memory error naming the JVM's heap and the settings that bound what
+    it holds (not the Python workers' ones, which a heap does not need)."""
     assert memory_kill_reason(RuntimeError(STANDALONE_HEAP)) is not None
     runner = FakeRunner(STANDALONE_HEAP, STANDALONE_HEAP)
-    with pytest.raises(ExecutorMemoryError, match="code 52.*spark.executor.memory"):
+    with pytest.raises(ExecutorMemoryError, match=r"ran out of heap twice.*code 52.*"
+                                                  r"spark\.executor\.memory.*"
+                                                  r"spark\.sparkdl\.maxRecordBytes") as raised:
         run(runner)
+    assert "pyspark.memory" not in str(raised.value)
     assert runner.rebuilds == 1
 
 

@@ -8,8 +8,8 @@ import os
 import subprocess
 import sys
 
-from sparkdl.spark_settings import (LOCAL_JAVA_OPTIONS, RECOMMENDED_CONF, _defaults_file_keys,
-                                    is_local_master, recommended_conf)
+from sparkdl.spark_settings import (CLUSTER_CONF, LOCAL_JAVA_OPTIONS, RECOMMENDED_CONF,
+                                    _defaults_file_keys, is_local_master, recommended_conf)
 
 JAVA = "spark.driver.extraJavaOptions"
 
@@ -18,9 +18,12 @@ def test_local_masters_get_the_quick_compiler_and_cluster_masters_do_not():
     for master in ("local", "local[2]", "local[*]", "local[4,3]"):
         assert is_local_master(master), master
         assert recommended_conf(master, set(), True)[JAVA] == LOCAL_JAVA_OPTIONS
+        assert "spark.memory.fraction" not in recommended_conf(master, set(), True)
     for master in ("local-cluster[2,1,1024]", "spark://host:7077", "yarn", "k8s://h:443"):
         assert not is_local_master(master), master
-        assert recommended_conf(master, set(), True) == RECOMMENDED_CONF
+        assert recommended_conf(master, set(), True) == {**RECOMMENDED_CONF, **CLUSTER_CONF}
+        # executors in JVMs of their own: the block store's pool leaves room for the records
+        assert recommended_conf(master, set(), True)["spark.memory.fraction"] == "0.3"
     # a JVM that runs already (spark-submit, an active context) cannot take it
     assert JAVA not in recommended_conf("local[2]", set(), False)
 

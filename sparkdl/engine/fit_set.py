@@ -57,8 +57,8 @@ from .strategies.base import Strategy, check_capability
 from .strategies.hop.strategy import HopStrategy
 from .strategies.rounds.strategy import RoundsStrategy, uses_rounds
 from .strategies.sync.strategy import SyncStrategy
-from .strategies.sync.pass_memory import (Budget, Footprint, budgets, closure_budget, describe,
-                                          footprint, plan_passes)
+from .strategies.sync.pass_memory import (Budget, Footprint, block_store_warning, budgets,
+                                          closure_budget, describe, footprint, plan_passes)
 
 __all__ = ["FitSet", "SharedRunner", "pass_key", "STRATEGIES"]
 
@@ -218,6 +218,7 @@ class FitSet:
         for group in ordered:
             limits = self._budgets(self.specs[group[0]])
             passes = plan_passes(group, [footprints[k] for k in group], limits)
+            self._warn_block_store(self.specs[group[0]], [footprints[k] for k in group])
             if len(passes) > 1:
                 log.info("the fits %s train in %d passes, %s, to stay within %s", group,
                          len(passes), passes, ", ".join(sorted({f"{b.setting}={b.value}"
@@ -228,6 +229,17 @@ class FitSet:
                 log.info("pass %s holds about %s", group,
                          describe([footprints[k] for k in group]))
         return planned
+
+    @staticmethod
+    def _warn_block_store(fit: Any, fits: list[Footprint]) -> None:
+        """Say before any job when these fits' weights would fill a cluster JVM's block store
+        (:func:`~.strategies.sync.pass_memory.block_store_warning`)."""
+        context = getattr(fit.training_rdd, "context", None)
+        if context is None or not hasattr(fit.training_rdd, "getNumPartitions"):
+            return
+        reason = block_store_warning(lambda key: spark_setting(context, key) or None, fits)
+        if reason is not None:
+            log.warning("%s", reason)
 
     @staticmethod
     def _budgets(fit: Any) -> list[Budget]:

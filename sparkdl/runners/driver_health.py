@@ -42,7 +42,7 @@ from typing import Any
 
 from ..errors import exception_text
 from ..spark_settings import (DRIVER_JOB_BYTES, driver_job_bytes_setting, is_local_master,
-                              spark_setting)
+                              spark_setting, storage_pool_bytes)
 from ..transport.allreduce import driver_job_bytes
 from .cached_rdd import driver_memory_reason
 from .driver_watch import DriverWatch, driver_process
@@ -74,14 +74,23 @@ def max_result_bytes(sc: Any) -> int:
     return int(sc._jsc.sc().conf().getSizeAsBytes("spark.driver.maxResultSize", "1g"))
 
 
-def driver_job_share(sc: Any) -> int:
+def driver_job_share(sc: Any, pieces_bytes: int = 0) -> int:
     """The most bytes of task results one job may hand this driver
     (:func:`~sparkdl.transport.allreduce.driver_job_bytes` of its JVM's heap, of
-    ``spark.driver.maxResultSize`` and of ``spark.sparkdl.driverJobBytes``)."""
+    ``spark.driver.maxResultSize`` and of ``spark.sparkdl.driverJobBytes``), while its block
+    store holds ``pieces_bytes`` of broadcast pieces it seeds (at most its storage pool:
+    :func:`~sparkdl.spark_settings.storage_pool_bytes`).
+
+    Example: ``driver_job_share(sc, 2 * weights_bytes)`` for a fit broadcasting its weights
+    every iteration (this iteration's pieces and the last's)."""
     heap = int(sc._jvm.java.lang.Runtime.getRuntime().maxMemory())
     results = max_result_bytes(sc)
+    held = 0
+    if pieces_bytes > 0:
+        fraction = float(spark_setting(sc, "spark.memory.fraction") or 0.6)
+        held = min(int(pieces_bytes), storage_pool_bytes(heap, fraction))
     return driver_job_bytes(heap, results,
-                            driver_job_bytes_setting(spark_setting(sc, DRIVER_JOB_BYTES)))
+                            driver_job_bytes_setting(spark_setting(sc, DRIVER_JOB_BYTES)), held)
 
 
 def driver_heap_failure(exc: BaseException | str, local: bool = False) -> str | None:

@@ -7,9 +7,13 @@ handler that exits on it, so the thread just dies with what it held:
 * a result-fetching thread (``task-result-getter-N``): its task's result never arrives;
 * a message-loop thread (``dispatcher-event-loop-N``): the message it delivered (on a local
   master, a task's status) is lost, and the pool starts another thread;
+* the scheduler backend's own message loop on a cluster (``dispatcher-CoarseGrainedScheduler``,
+  one thread, replaced under the same name): the task status it delivered is lost, and with it
+  a finished task's result when it came in the message (``spark.task.maxDirectResultSize``);
+  the job waits for a task that has ended;
 * the DAG scheduler's thread (``dag-scheduler-event-loop``): no job can end, nor be cancelled.
 
-For the first two the watch cancels the running jobs; for the scheduler's it stops the
+For the first three the watch cancels the running jobs; for the scheduler's it stops the
 SparkContext, which fails them. Spark's handler exits the JVM when a task runs out of heap (on
 a local master the tasks run in the driver's JVM): when a shutdown hook blocks, the JVM never
 ends and the calls waiting on it never return. A JVM still exiting :data:`EXIT_GRACE_SECONDS`
@@ -40,7 +44,8 @@ from typing import Any
 
 from ..errors import exception_text
 
-__all__ = ["DriverWatch", "driver_process", "WATCH_SECONDS", "EXIT_GRACE_SECONDS", "POOLS", "SCHEDULER"]
+__all__ = ["DriverWatch", "driver_process", "WATCH_SECONDS", "EXIT_GRACE_SECONDS", "POOLS",
+           "LOOPS", "SCHEDULER"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +59,10 @@ then fail) before the watch kills it."""
 POOLS = ("task-result-getter", "dispatcher-event-loop")
 """The driver's fixed pools of threads whose death loses what they held (their threads are
 numbered from 0 as they start)."""
+
+LOOPS = ("dispatcher-CoarseGrainedScheduler",)
+"""The driver's endpoints with a message loop of their own, one thread each, whose death loses
+the message it delivered (a task's status); a new thread of the same name replaces it."""
 
 SCHEDULER = "dag-scheduler-event-loop"
 """The DAG scheduler's one thread: without it no job ends."""
@@ -178,7 +187,8 @@ class DriverWatch:
             except Exception:          # noqa: BLE001 - stopped already
                 pass
             return
-        kind = "result-fetching" if name.startswith(POOLS[0]) else "message-loop"
+        kind = ("result-fetching" if name.startswith(POOLS[0]) else
+                "scheduler backend's message-loop" if name in LOOPS else "message-loop")
         self.dead = (f"{kind} thread {name} died (almost always of a "
                      "java.lang.OutOfMemoryError: the driver's log has it), losing what it held "
                      "(a task's result or status), so its jobs were cancelled")
@@ -190,14 +200,14 @@ class DriverWatch:
             pass
 
     def _find(self) -> list[str]:
-        """Track the watched pools' threads alive now, and the scheduler's; the names of any
-        that were started and died unseen (a pool numbers its threads from 0 as they start; on
-        ``local-cluster`` the master's and workers' pools share the names)."""
+        """Track the watched pools' and loops' threads alive now, and the scheduler's; the names
+        of any pool's that were started and died unseen (a pool numbers its threads from 0 as
+        they start; on ``local-cluster`` the master's and workers' pools share the names)."""
         for thread in self.sc._jvm.java.lang.Thread.getAllStackTraces().keySet().toArray():
             name = str(thread.getName())
             if name == SCHEDULER:
                 self._scheduler = self._scheduler or thread
-            elif name.rsplit("-", 1)[0] in POOLS:
+            elif name.rsplit("-", 1)[0] in POOLS or name in LOOPS:
                 self._threads.setdefault(int(thread.getId()), (name, thread))
         gaps = []
         for pool in POOLS:

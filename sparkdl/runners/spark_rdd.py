@@ -143,7 +143,9 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
         jobs = PythonJobs.of(self.spark_context)
         allreduce = make_allreduce(layout, options.allreduce, train.num_partitions,
                                    options.num_blocks, options.compression,
-                                   driver_job_share(self.spark_context), jobs.record_bytes())
+                                   driver_job_share(self.spark_context,
+                                                    self._held_pieces([layout])),
+                                   jobs.record_bytes())
         publisher = RefreshPublisher(
             lambda value: self._broadcast(value), layout.fingerprint,
             deltas=self._flag("spark.sparkdl.rowDeltas", True),
@@ -159,6 +161,14 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
                   ) -> AllReduceResult:
         assert self._default is not None
         return self.gradients_together(data, [(self._default, step, weights)])[0]
+
+    def _held_pieces(self, layouts: Sequence[ParamLayout]) -> int:
+        """The broadcast pieces of these fits' weights the driver's block store may hold while
+        their sums arrive: this iteration's and the last's (none on a local master, where large
+        values are files the tasks read)."""
+        if PythonJobs.of(self.spark_context).local_dir is not None:
+            return 0
+        return 2 * sum(layout.state_bytes for layout in layouts)
 
     def _weights_broadcast(self) -> Any:
         """A broadcast of the weights: ``PythonJobs.broadcast`` with the record budget the
@@ -216,7 +226,9 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
             self._passes = {key: make_pass_allreduce(sum(sizes), dtype, options.allreduce,
                                                      data.num_partitions, options.num_blocks,
                                                      codec, pass_table_rows(layouts),
-                                                     driver_job_share(self.spark_context),
+                                                     driver_job_share(
+                                                         self.spark_context,
+                                                         self._held_pieces(layouts)),
                                                      PythonJobs.of(self.spark_context)
                                                      .record_bytes())}
         return self._passes[key]

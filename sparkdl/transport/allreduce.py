@@ -126,14 +126,20 @@ def blocks_per_job(block_bytes: int, num_blocks: int, job_bytes: int | None) -> 
     return num_blocks if job_bytes is None else max(1, job_bytes // max(1, block_bytes))
 
 
-def driver_job_bytes(heap_bytes: int, max_result_bytes: int, chosen: int | None = None) -> int:
+def driver_job_bytes(heap_bytes: int, max_result_bytes: int, chosen: int | None = None,
+                     held_bytes: int = 0) -> int:
     """The most bytes of task results one job hands the driver: ``chosen`` (the setting
-    ``spark.sparkdl.driverJobBytes``) when given, else ``heap_bytes`` /
-    :data:`DRIVER_HEAP_SHARE` and half of ``spark.driver.maxResultSize`` (``max_result_bytes``;
-    0: no limit)."""
+    ``spark.sparkdl.driverJobBytes``) when given, else :data:`DRIVER_HEAP_SHARE`-th of the heap
+    (``heap_bytes``) less the broadcast pieces its block store may hold meanwhile
+    (``held_bytes``), and half of ``spark.driver.maxResultSize`` (``max_result_bytes``; 0: no
+    limit).
+
+    Example: a 2 GiB heap seeding the pieces of a 1 GiB model's weights (its block store holds
+    at most its 1048 MiB pool of them) hands 125 MiB a job, not 256:
+    ``driver_job_bytes(2 << 30, 1 << 30, held_bytes=1048 << 20) >> 20``."""
     if chosen:
         return int(chosen)
-    limit = int(heap_bytes) // DRIVER_HEAP_SHARE
+    limit = max(0, int(heap_bytes) - int(held_bytes)) // DRIVER_HEAP_SHARE
     if max_result_bytes > 0:
         limit = min(limit, int(max_result_bytes) // 2)
     return max(1, limit)
@@ -361,9 +367,9 @@ class ShuffleAllReduce:
                      " (the sums only: compressed vectors go through the shuffle)")
         elif jobs > 1:
             log.info("the sums of %d blocks of %.1f MiB reach the driver in %d jobs of at most "
-                     "%.1f MiB each (a job's share of the driver's heap and of "
-                     "spark.driver.maxResultSize)", self.num_blocks, self._block_mib, jobs,
-                     self._per_job_mib)
+                     "%.1f MiB each (a job's share of the driver's heap beside the weights' "
+                     "broadcast pieces, and of spark.driver.maxResultSize)", self.num_blocks,
+                     self._block_mib, jobs, self._per_job_mib)
 
     def _check_blocks(self, messages: list[tuple[Any, Any]]) -> None:
         """Every block's sum came once, and either every block holds one or none does (no

@@ -17,6 +17,7 @@ import logging
 from typing import Callable, TypeVar
 
 from ...errors import SparkdlError
+from ...spark_settings import MAX_RECORD_BYTES
 from ...runners.cached_rdd import worker_crash_reason
 from ...runners.executor_imports import executor_import_error, missing_sparkdl_reason
 from ...runners.interface import DataHandle, IterationRunner
@@ -46,6 +47,13 @@ class DriverMemoryError(SparkdlError, MemoryError):
 
 
 def _memory_message(what: str, line: str) -> str:
+    if "code 52" in line:       # Spark's exit code for an OutOfMemoryError: the JVM's heap
+        return (f"{what}: an executor's JVM ran out of heap twice ({line}); a rebuild does not "
+                "help. Give the executors' JVMs more heap (spark.executor.memory), or lower "
+                f"{MAX_RECORD_BYTES} (default 32m: the largest gradient block, task result and "
+                "broadcast piece a JVM holds; a heap holds several of each at once, and its "
+                "block store fills with the weights' broadcast pieces), or use fewer tasks per "
+                "executor (spark.executor.cores).")
     return (f"{what}: an executor was killed for exceeding its memory limit twice ({line}); a "
             "rebuild does not help. Give the executors more memory: "
             "spark.executor.memoryOverhead (YARN and Kubernetes count the Python workers, the "

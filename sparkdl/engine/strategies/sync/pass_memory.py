@@ -68,15 +68,16 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ....errors import InvalidArgumentError
-from ....spark_settings import (DRIVER_JOB_BYTES, MAX_RECORD_BYTES, driver_job_bytes_setting,
-                                is_local_master, max_record_bytes_setting, spark_bytes)
+from ....spark_settings import (CLUSTER_CONF, DRIVER_JOB_BYTES, MAX_RECORD_BYTES, RESERVED_HEAP,
+                                driver_job_bytes_setting, is_local_master,
+                                max_record_bytes_setting, spark_bytes, storage_pool_bytes)
 from ....executor.exchange import CLOSURE_MAX_BYTES, FILE_ABOVE_BYTES
 from ....transport.allreduce import (DRIVER_HEAP_SHARE, choose_allreduce, driver_job_bytes,
                                         job_intake, shuffle_blocks)
 from ....transport.flat_layout import ParamLayout
 
 __all__ = ["Footprint", "Budget", "footprint", "budgets", "closure_budget", "plan_passes",
-           "describe", "spark_bytes", "executor_tasks", "RECORD_COPIES", "RESERVED_HEAP"]
+           "describe", "block_store_warning", "spark_bytes", "executor_tasks", "RECORD_COPIES", "RESERVED_HEAP"]
 
 log = logging.getLogger("sparkdl")
 
@@ -84,10 +85,6 @@ _MIB = 1 << 20
 _RESULT_SLACK = 1.05
 """Pickled task results (and their reports) are a little larger than their raw vectors."""
 
-RESERVED_HEAP = 300 << 20
-"""The part of a JVM's heap Spark's memory manager reserves for itself and never lends. Spark
-refuses to start a heap below 1.5 times this but in its testing mode (which reserves less): the
-records' checks leave such a heap alone."""
 
 RECORD_COPIES = 3
 """How many times at least a JVM holds a record's bytes while it passes: a reducer's sum as the
@@ -206,7 +203,7 @@ def executor_tasks(setting: Callable[[str], str | None], master: str) -> int:
 
 def _room(heap: int) -> int | None:
     """What a heap of ``heap`` bytes has beyond Spark's reserved memory (None: a heap Spark
-    starts only in its testing mode)."""
+    starts only in its testing mode, which the records' checks leave alone)."""
     return heap - RESERVED_HEAP if heap >= 3 * RESERVED_HEAP // 2 else None
 
 
@@ -297,6 +294,40 @@ def budgets(setting: Callable[[str], str | None], allreduce: str,
                           f"a Python worker's memory (the setting / spark.executor.cores={cores})",
                           True, _worker))
     return out
+
+
+_FRACTION = "spark.memory.fraction"
+
+
+def block_store_warning(setting: Callable[[str], str | None], fits: Sequence[Footprint]
+                        ) -> str | None:
+    """Why a pass of these fits may run a cluster JVM out of heap although every budget holds
+    (None: no reason): its weights are larger than the driver's or the executors' block-store
+    pool at a ``spark.memory.fraction`` above :data:`~sparkdl.spark_settings.CLUSTER_CONF`'s,
+    so their broadcast pieces fill that pool every iteration and the records and task results
+    passing through the JVM have the rest of its heap only (Spark's 0.6 ran both JVMs out with
+    a 1.1 GiB model on 2g heaps; 0.3 trained it). Local masters pass large values as files.
+
+    Example: ``block_store_warning({"spark.master": "yarn"}.get, [fp])`` for a 1 GiB ``fp``."""
+    master = setting("spark.master") or ""
+    if not master or is_local_master(master):
+        return None
+    fraction = float(setting(_FRACTION) or 0.6)
+    if fraction <= float(CLUSTER_CONF[_FRACTION]):
+        return None
+    weights = sum(f.weights for f in fits)
+    for key in ("spark.driver.memory", "spark.executor.memory"):
+        heap = setting(key) or "1g"
+        pool = storage_pool_bytes(spark_bytes(heap, "m", key), fraction)
+        if weights > pool:
+            return (f"the weights ({weights / _MIB:.0f} MiB) are larger than the block store's "
+                    f"pool of a {key}={heap} heap at {_FRACTION}={fraction:g} "
+                    f"({pool / _MIB:.0f} MiB): their broadcast pieces fill it every iteration "
+                    "and the gradient blocks and task results passing through that JVM have "
+                    f"the rest of its heap only. If a JVM runs out of heap, start the session "
+                    f"with {_FRACTION}={CLUSTER_CONF[_FRACTION]} (sparkdl.spark_settings."
+                    "spark_session sets it on cluster masters)")
+    return None
 
 
 def closure_budget(exchange_dir: str | None) -> Budget:
