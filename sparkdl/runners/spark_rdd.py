@@ -58,6 +58,15 @@ __all__ = ["SparkRddRunner"]
 log = logging.getLogger(__name__)
 
 
+def _held_pieces(sc: Any, layouts: Sequence[ParamLayout]) -> int:
+    """The broadcast pieces of these fits' weights the driver's block store may hold while
+    their sums arrive: this iteration's and the last's (none on a local master, where large
+    values are files the tasks read)."""
+    if PythonJobs.of(sc).local_dir is not None:
+        return 0
+    return 2 * sum(layout.state_bytes for layout in layouts)
+
+
 class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
     """RDD + broadcast + AllReduce jobs on ``sc`` (see the module docstring)."""
 
@@ -144,7 +153,7 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
         allreduce = make_allreduce(layout, options.allreduce, train.num_partitions,
                                    options.num_blocks, options.compression,
                                    driver_job_share(self.spark_context,
-                                                    self._held_pieces([layout])),
+                                                    _held_pieces(self.spark_context, [layout])),
                                    jobs.record_bytes())
         publisher = RefreshPublisher(
             lambda value: self._broadcast(value), layout.fingerprint,
@@ -161,14 +170,6 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
                   ) -> AllReduceResult:
         assert self._default is not None
         return self.gradients_together(data, [(self._default, step, weights)])[0]
-
-    def _held_pieces(self, layouts: Sequence[ParamLayout]) -> int:
-        """The broadcast pieces of these fits' weights the driver's block store may hold while
-        their sums arrive: this iteration's and the last's (none on a local master, where large
-        values are files the tasks read)."""
-        if PythonJobs.of(self.spark_context).local_dir is not None:
-            return 0
-        return 2 * sum(layout.state_bytes for layout in layouts)
 
     def _weights_broadcast(self) -> Any:
         """A broadcast of the weights: ``PythonJobs.broadcast`` with the record budget the
@@ -228,7 +229,7 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
                                                      codec, pass_table_rows(layouts),
                                                      driver_job_share(
                                                          self.spark_context,
-                                                         self._held_pieces(layouts)),
+                                                         _held_pieces(self.spark_context, layouts)),
                                                      PythonJobs.of(self.spark_context)
                                                      .record_bytes())}
         return self._passes[key]
