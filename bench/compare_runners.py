@@ -419,6 +419,9 @@ def main() -> None:
     p.add_argument("--warm-iterations", type=int, default=0,
                    help="train this many W1 iterations with sparkdl before anything is timed "
                         "(steady state: 500)")
+    p.add_argument("--spark-log", default="ERROR", metavar="LEVEL",
+                   help="the driver's Spark log level (INFO: the jobs' stages and tasks, with "
+                        "times; executors' levels come from their log4j2 configuration)")
     args = p.parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -428,7 +431,7 @@ def main() -> None:
     conf = {"spark.ui.enabled": "false", **dict(c.split("=", 1) for c in args.conf)}
     spark = spark_session("sparkdl bench: compare runners", args.master, conf)
     sc = spark.sparkContext
-    sc.setLogLevel("ERROR")
+    sc.setLogLevel(args.spark_log)
     x, y = synthetic_data()
     # The floor on clean workers, before torch enters them (a reused PySpark worker runs a full
     # gc.collect() after every task, which costs ~60 ms more once torch is imported; sparkdl

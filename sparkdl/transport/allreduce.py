@@ -97,12 +97,28 @@ def shuffle_blocks(vector_bytes: int, requested: int, job_bytes: int | None = No
                    record_bytes: int = PIECE_BYTES) -> int:
     """The number of blocks of a ``vector_bytes`` vector: ``requested``, or more where its
     blocks would exceed ``record_bytes`` (``spark.sparkdl.maxRecordBytes``: as many as that
-    needs) or ``job_bytes`` (at most :data:`MAX_SHUFFLE_BLOCKS` for that)."""
+    needs) or ``job_bytes`` (at most :data:`MAX_SHUFFLE_BLOCKS` for that); more is then
+    rounded up to a multiple of ``requested`` (not past :data:`MAX_SHUFFLE_BLOCKS` for that).
+
+    ``requested`` is the number of reduce tasks meant to run at once (by default the
+    partitions: the map stage's tasks, one per task slot): 3 blocks on 2 slots run as two waves
+    of reducers, the second one task on one slot while the other idles, where 4 smaller blocks
+    run as two full waves (W3's 76 MiB on ``local-cluster[2,1,2048]``: 3 blocks of 25.5 MiB
+    took 1670-1760 ms an iteration, 4 of 19.1 MiB 1569 ms; bench/RESULTS.md, "The cluster
+    path"). Blocks only cut the vector: every count gives the same sums.
+
+    Example: ``shuffle_blocks(80 << 20, 2)`` is 4 (3 blocks of at most 32 MiB, rounded up)."""
     record_bytes = max(1, int(record_bytes))
+    requested = max(1, int(requested))
     largest = record_bytes if job_bytes is None else max(1, min(record_bytes, job_bytes))
     records = -(-int(vector_bytes) // record_bytes)
     needed = max(records, min(MAX_SHUFFLE_BLOCKS, -(-int(vector_bytes) // largest)))
-    return max(int(requested), needed)
+    if needed <= requested:
+        return requested
+    whole_waves = -(-needed // requested) * requested
+    if whole_waves <= MAX_SHUFFLE_BLOCKS or needed > MAX_SHUFFLE_BLOCKS:
+        return whole_waves
+    return needed          # (not past the map side's unsorted writes for whole waves)
 
 
 def job_intake(vector_bytes: int, path: str, num_partitions: int,
