@@ -4,6 +4,14 @@
     python bench/compare_runners.py --workloads W3 --runners sparkdl single --rounds 1
     python bench/compare_runners.py --cold --workloads W2 --runners sparkdl single torchdistributor
     python bench/compare_runners.py --warm-iterations 500 --rounds 1     # steady state
+    python bench/compare_runners.py --workloads W3 --runners sparkdl torchdistributor \
+        --rounds 1 --master 'local[2]' 'local-cluster[2,1,2048]' --conf spark.driver.memory=2g
+
+Several ``--master`` values: each master's run in a process of its own, one after the other
+(its tables printed as it ends), then one table of them side by side: sparkdl's iteration on
+each master, its ratio to the first master's, and sparkdl / TorchDistributor on each (where
+TorchDistributor failed on a master, the other masters' median: it runs its ranks on the
+driver's machine on any master).
 
 Cold: nothing runs before the timed runs (run one process per workload: what a fresh
 spark-submit sees). Otherwise two short sparkdl runs (and ``--warm-iterations`` W1 iterations)
@@ -30,9 +38,11 @@ against the floor.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -410,7 +420,10 @@ def main() -> None:
     p.add_argument("--runners", nargs="+", choices=list(RUNNERS),
                    default=["single", "torchdistributor", "naive", "sparkdl", "sparkdl-bf16"])
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--master", default="local[2]")
+    p.add_argument("--master", nargs="+", default=["local[2]"],
+                   help="one master, or several: each in a process of its own, then a table of "
+                        "them side by side")
+    p.add_argument("--summary-json", default=None, help=argparse.SUPPRESS)
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="extra Spark setting for the session (repeatable)")
     p.add_argument("--cold", action="store_true",
@@ -423,6 +436,10 @@ def main() -> None:
                    help="the driver's Spark log level (INFO: the jobs' stages and tasks, with "
                         "times; executors' levels come from their log4j2 configuration)")
     args = p.parse_args()
+    if len(args.master) > 1:
+        compare_masters(args.master)
+        return
+    args.master = args.master[0]
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -477,7 +494,71 @@ def main() -> None:
             floors[wname] = [spark_floor(sc, WORKLOADS[wname].gradient_bytes())]
             clean_floors[wname] = floors[wname][0]
     report(args, results, floors, clean_floors)
+    if args.summary_json:
+        with open(args.summary_json, "w") as f:
+            json.dump(summary(results), f)
     spark.stop()
+
+
+def summary(results: dict[tuple[str, str], list[Result]]) -> dict[str, dict[str, Any]]:
+    """By workload and runner: the median samples/s, and sparkdl's median iteration in ms."""
+    out: dict[str, dict[str, Any]] = {}
+    for (wname, runner), rs in results.items():
+        split = [r.split["wall_s"] for r in rs if r.split]
+        out.setdefault(wname, {})[runner] = {
+            "samples_per_s": statistics.median(r.samples_per_s for r in rs),
+            "iteration_ms": 1000 * statistics.median(split) if split else None}
+    return out
+
+
+def compare_masters(masters: list[str]) -> None:
+    """This script once per master (the same arguments, that master alone), one after the
+    other, then their figures side by side (module docstring)."""
+    argv = sys.argv[1:]
+    start = argv.index("--master")
+    end = start + 1
+    while end < len(argv) and not argv[end].startswith("--"):
+        end += 1
+    rest = argv[:start] + argv[end:]
+    runs: dict[str, dict[str, dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for k, master in enumerate(masters):
+            out = os.path.join(tmp, f"{k}.json")
+            print(f"\n## {master}\n", flush=True)
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__), *rest,
+                                   "--master", master, "--summary-json", out])
+            if proc.returncode != 0 or not os.path.exists(out):
+                print(f"the run on {master} failed (exit code {proc.returncode})", flush=True)
+                continue
+            with open(out) as f:
+                runs[master] = json.load(f)
+    print("\nside by side (medians; sparkdl's iteration in ms):\n")
+    print("| workload | runner | master | iteration | x first master | samples/s | "
+          "TorchDistributor samples/s | sparkdl / TD |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    workloads = sorted({w for run in runs.values() for w in run})
+    for wname in workloads:
+        tds = {m: run[wname]["torchdistributor"]["samples_per_s"] for m, run in runs.items()
+               if "torchdistributor" in run.get(wname, {})}
+        runners = sorted({r for run in runs.values() for r in run.get(wname, {})
+                          if r.startswith("sparkdl")})
+        for runner in runners:
+            first = None
+            for master in masters:
+                fig = runs.get(master, {}).get(wname, {}).get(runner)
+                if fig is None:
+                    continue
+                it = fig["iteration_ms"]
+                first = it if first is None else first
+                td = tds.get(master)
+                td_note = ""
+                if td is None and tds:
+                    td, td_note = statistics.median(tds.values()), " (other masters')"
+                ratio = f"{fig['samples_per_s'] / td:.2f}" if td else "-"
+                print(f"| {wname} | {runner} | `{master}` | "
+                      + (f"{it:.1f} | {it / first:.2f}x | " if it else "- | - | ")
+                      + f"{fig['samples_per_s']:,.0f} | "
+                      + (f"{td:,.0f}{td_note} | " if td else "- | ") + f"{ratio} |")
 
 
 def report(args: Any, results: dict[tuple[str, str], list[Result]],

@@ -26,6 +26,8 @@ Each run's peak memory (the machine's, sampled) is reported beside it.
         --master 'local-cluster[2,1,2048]'                         # on executors of their own
     python bench/large_models.py largest --heap 2g --kind mlp --optimizer adam \\
         --runners rounds td --sizes 200 300 400 --rounds 2        # Adam inside
+    python bench/large_models.py curve --heap 2g --sizes 80 --runners sync td \\
+        --master 'local[2]' 'local-cluster[2,1,2048]'              # both masters, one run
     python bench/large_models.py curve --runners rounds --sizes 300 --optimizer adam \\
         --heap 2g --rounds 2 --master 'local-cluster[2,1,2048]' \\
         --conf spark.executor.memory=2g                            # on executors of their own
@@ -255,11 +257,12 @@ def run_one(runner: str, kind: str, millions: float, heap: str, iterations: int,
 
 
 def show(rows: list[dict[str, Any]]) -> None:
-    print("| runner | model | M params | heap | per iteration (s) | samples/s | peak GiB "
-          "| outcome |")
-    print("|---|---|---:|---|---:|---:|---:|---|")
+    print("| runner | master | model | M params | heap | per iteration (s) | samples/s | "
+          "peak GiB | outcome |")
+    print("|---|---|---|---:|---|---:|---:|---:|---|")
     for r in rows:
-        head = f"| {r['runner']} | {r['kind']} | {r['millions']:g} | {r['heap']} | "
+        head = (f"| {r['runner']} | {r['master']} | {r['kind']} | {r['millions']:g} | "
+                f"{r['heap']} | ")
         peak = f"{r.get('peak_gib', 0):.1f}"
         if r["ok"]:
             print(head + f"{r['per_iteration_s']:.2f} | {r['samples_per_s']:.1f} | {peak} | "
@@ -269,16 +272,21 @@ def show(rows: list[dict[str, Any]]) -> None:
 
 
 def sweep(args: Any, stop_at_failure: bool) -> None:
+    """Every runner at every size, each in a process of its own; sparkdl's runners on every
+    ``--master`` in turn, TorchDistributor once (its ranks run on the driver's machine)."""
     rows = []
     for runner in args.runners:
-        for millions in args.sizes:
-            row = run_one(runner, args.kind, millions, args.heap, args.iterations, args.timeout,
-                          args.rounds, args.optimizer, args.master, args.conf)
-            row.update(runner=runner, kind=args.kind, millions=millions, heap=args.heap)
-            rows.append(row)
-            show([row])
-            if stop_at_failure and not row["ok"]:
-                break
+        for master in args.master if runner != "td" else ["driver's machine"]:
+            for millions in args.sizes:
+                row = run_one(runner, args.kind, millions, args.heap, args.iterations,
+                              args.timeout, args.rounds, args.optimizer,
+                              args.master[0] if runner == "td" else master, args.conf)
+                row.update(runner=runner, kind=args.kind, millions=millions, heap=args.heap,
+                           master=master)
+                rows.append(row)
+                show([row])
+                if stop_at_failure and not row["ok"]:
+                    break
     print()
     show(rows)
 
@@ -343,12 +351,17 @@ def main() -> None:
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"],
                    help="inside every runner (rounds: inside the rounds, averaged outside)")
     p.add_argument("--momentum", type=float, default=0.0, help="equal: SGD's momentum")
-    p.add_argument("--master", default="local[2]",
+    p.add_argument("--master", nargs="+", default=["local[2]"],
                    help="sparkdl's master, e.g. local-cluster[2,1,2048] (TorchDistributor's "
-                        "ranks always run on the driver's machine)")
+                        "ranks always run on the driver's machine); curve and largest take "
+                        "several, one after the other")
     p.add_argument("--conf", action="append", default=[],
                    help="KEY=VALUE, a Spark setting of sparkdl's session")
     args = p.parse_args()
+    if args.command in ("measure", "equal"):
+        if len(args.master) > 1:
+            p.error(f"{args.command} takes one --master")
+        args.master = args.master[0]
     if args.command == "measure":
         measure(args)
     elif args.command == "equal":
