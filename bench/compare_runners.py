@@ -414,7 +414,7 @@ def fmt_mb(n: int) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--workloads", nargs="+", default=["W1", "W2", "W2-8192", "W3"],
                    choices=list(WORKLOADS))
     p.add_argument("--runners", nargs="+", choices=list(RUNNERS),
@@ -437,6 +437,8 @@ def main() -> None:
                         "times; executors' levels come from their log4j2 configuration)")
     args = p.parse_args()
     if len(args.master) > 1:
+        if args.summary_json:
+            p.error("--summary-json takes one --master")
         compare_masters(args.master)
         return
     args.master = args.master[0]
@@ -543,20 +545,20 @@ def compare_masters(masters: list[str]) -> None:
         runners = sorted({r for run in runs.values() for r in run.get(wname, {})
                           if r.startswith("sparkdl")})
         for runner in runners:
-            first = None
-            for master in masters:
+            first = runs.get(masters[0], {}).get(wname, {}).get(runner, {}).get("iteration_ms")
+            for master in dict.fromkeys(masters):
                 fig = runs.get(master, {}).get(wname, {}).get(runner)
                 if fig is None:
                     continue
                 it = fig["iteration_ms"]
-                first = it if first is None else first
                 td = tds.get(master)
                 td_note = ""
                 if td is None and tds:
                     td, td_note = statistics.median(tds.values()), " (other masters')"
                 ratio = f"{fig['samples_per_s'] / td:.2f}" if td else "-"
                 print(f"| {wname} | {runner} | `{master}` | "
-                      + (f"{it:.1f} | {it / first:.2f}x | " if it else "- | - | ")
+                      + (f"{it:.1f} | " if it else "- | ")
+                      + (f"{it / first:.2f}x | " if it and first else "- | ")
                       + f"{fig['samples_per_s']:,.0f} | "
                       + (f"{td:,.0f}{td_note} | " if td else "- | ") + f"{ratio} |")
 

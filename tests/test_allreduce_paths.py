@@ -471,9 +471,8 @@ def test_a_vector_above_a_jobs_share_is_collected_in_several_jobs_with_the_same_
     assert not os.path.exists(map_dir) and in_files._map_dir is None
     whole_reduce.settle()
     monkeypatch.setattr(PythonJobs.of(sc), "_local_dir", None)   # as on a cluster: one per job
-    # 5 blocks of at most 10 KB, rounded up to whole waves of the 4 partitions' reducers
-    assert shuffle_blocks(size * 4, n, job_bytes) == 8
-    blocks = 5
+    blocks = shuffle_blocks(size * 4, n, job_bytes)
+    assert blocks == 5                 # (in 5 jobs: not rounded up to whole waves of 4)
     pieces = ShuffleAllReduce(size, np.float32, blocks, job_bytes=job_bytes)
     assert len(pieces.job_blocks) == 5 and job_intake(size * 4, "shuffle", n, None,
                                                       job_bytes) <= job_bytes
@@ -591,10 +590,15 @@ def test_records_blocks_and_pieces_stay_within_the_record_budget(sc, monkeypatch
     assert shuffle_blocks(100 * mib, 2, record_bytes=mib) == 100
     assert shuffle_blocks(100 * mib, 120, record_bytes=mib) == 120
     # more blocks than partitions: whole waves of reducers (3 of 32 MiB on 2 slots leave one
-    # slot idle in a second wave; 4 do not), unless that passes the unsorted writes' 200
+    # slot idle in a second wave; 4 do not), unless that passes the unsorted writes' 200, adds
+    # jobs for the sums (each job runs its own reducers) or the blocks were the user's
     assert shuffle_blocks(80 * mib, 2) == 4 and shuffle_blocks(76 * mib, 3) == 3
     assert shuffle_blocks(199 * mib, 3, record_bytes=mib) == 199
     assert shuffle_blocks(101 * mib, 2, record_bytes=mib) == 102
+    assert shuffle_blocks(80 * mib, 2, job_bytes=100 * mib) == 4
+    assert shuffle_blocks(80 * mib, 2, job_bytes=50 * mib) == 4       # 2 jobs, not 3
+    assert shuffle_blocks(9 * mib, 8, job_bytes=mib) == 9        # 16 would take 16 jobs
+    assert shuffle_blocks(80 * mib, 2, whole_waves=False) == 3
     n, size, record = 3, 10_001, 4_000
     vectors = _vectors(n, size)
     local_fn = lambda p, _: (vectors[p], _Report(p, False))       # noqa: E731

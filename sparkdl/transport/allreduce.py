@@ -90,22 +90,26 @@ MAX_SHUFFLE_BLOCKS = 200
 (``job_bytes``) small: up to ``spark.shuffle.sort.bypassMergeThreshold`` (200) a map task writes
 each block straight to its file, above it Spark sorts its records first (in its execution
 memory, spilling to disk). The record budget (``spark.sparkdl.maxRecordBytes``) is never
-given up for it: a vector above 200 records gets a block per record."""
+given up for it: a vector above 200 records gets at least a block per record."""
 
 
 def shuffle_blocks(vector_bytes: int, requested: int, job_bytes: int | None = None,
-                   record_bytes: int = PIECE_BYTES) -> int:
+                   record_bytes: int = PIECE_BYTES, whole_waves: bool = True) -> int:
     """The number of blocks of a ``vector_bytes`` vector: ``requested``, or more where its
     blocks would exceed ``record_bytes`` (``spark.sparkdl.maxRecordBytes``: as many as that
-    needs) or ``job_bytes`` (at most :data:`MAX_SHUFFLE_BLOCKS` for that); more is then
-    rounded up to a multiple of ``requested`` (not past :data:`MAX_SHUFFLE_BLOCKS` for that).
+    needs) or ``job_bytes`` (at most :data:`MAX_SHUFFLE_BLOCKS` for that).
 
-    ``requested`` is the number of reduce tasks meant to run at once (by default the
-    partitions: the map stage's tasks, one per task slot): 3 blocks on 2 slots run as two waves
-    of reducers, the second one task on one slot while the other idles, where 4 smaller blocks
-    run as two full waves (W3's 76 MiB on ``local-cluster[2,1,2048]``: 3 blocks of 25.5 MiB
-    took 1670-1760 ms an iteration, 4 of 19.1 MiB 1569 ms; bench/RESULTS.md, "The cluster
-    path"). Blocks only cut the vector: every count gives the same sums.
+    ``whole_waves`` (``requested`` is then the partitions, the map stage's tasks: the task
+    slots the default block count assumes): more blocks than ``requested`` are rounded up to a
+    multiple of it where the driver collects their sums in no more jobs and the count stays
+    within :data:`MAX_SHUFFLE_BLOCKS` (or was above it already). 3 blocks on 2 slots run
+    as two waves of reducers, the second one task on one slot while the other idles, where 4
+    smaller blocks run as two full waves: W3's 76 MiB on ``local-cluster[2,1,2048]`` took
+    1705 and 1566 ms an iteration in 3 blocks, 1537 and 1497 ms in 4 (bench/RESULTS.md, "W3 on
+    ``local-cluster``"). Each job that collects sums runs its own reducers, so smaller blocks
+    that take more jobs would add a job's cost each; a ``num_blocks`` the user chose is left
+    as given.
+    Blocks only cut the vector: every count gives the same sums.
 
     Example: ``shuffle_blocks(80 << 20, 2)`` is 4 (3 blocks of at most 32 MiB, rounded up)."""
     record_bytes = max(1, int(record_bytes))
@@ -115,10 +119,17 @@ def shuffle_blocks(vector_bytes: int, requested: int, job_bytes: int | None = No
     needed = max(records, min(MAX_SHUFFLE_BLOCKS, -(-int(vector_bytes) // largest)))
     if needed <= requested:
         return requested
-    whole_waves = -(-needed // requested) * requested
-    if whole_waves <= MAX_SHUFFLE_BLOCKS or needed > MAX_SHUFFLE_BLOCKS:
-        return whole_waves
-    return needed          # (not past the map side's unsorted writes for whole waves)
+    if not whole_waves:
+        return needed
+    rounded = -(-needed // requested) * requested
+
+    def jobs(blocks: int) -> int:        # (a block's bytes + a value's rounding to its block)
+        return -(-blocks // blocks_per_job(-(-int(vector_bytes) // blocks) + 8, blocks,
+                                           job_bytes))
+    if jobs(rounded) <= jobs(needed) and (rounded <= MAX_SHUFFLE_BLOCKS
+                                          or needed > MAX_SHUFFLE_BLOCKS):
+        return rounded
+    return needed
 
 
 def job_intake(vector_bytes: int, path: str, num_partitions: int,
@@ -131,7 +142,8 @@ def job_intake(vector_bytes: int, path: str, num_partitions: int,
         path = choose_allreduce(vector_bytes, num_partitions, job_bytes)
     if path == "driver":
         return int(vector_bytes) * num_partitions
-    blocks = shuffle_blocks(vector_bytes, num_blocks or num_partitions, job_bytes, record_bytes)
+    blocks = shuffle_blocks(vector_bytes, num_blocks or num_partitions, job_bytes, record_bytes,
+                            whole_waves=not num_blocks)
     block = max(1, -(-int(vector_bytes) // blocks))
     return min(int(vector_bytes), blocks_per_job(block, blocks, job_bytes) * block)
 
@@ -664,7 +676,8 @@ def make_pass_allreduce(size: int, dtype: np.dtype, path: str, num_partitions: i
 
 def _blocks(vector_bytes: int, num_blocks: int | None, num_partitions: int,
             job_bytes: int | None, record_bytes: int) -> int:
-    blocks = shuffle_blocks(vector_bytes, num_blocks or num_partitions, job_bytes, record_bytes)
+    blocks = shuffle_blocks(vector_bytes, num_blocks or num_partitions, job_bytes, record_bytes,
+                            whole_waves=not num_blocks)
     if num_blocks and blocks > num_blocks:
         log.warning("num_blocks=%d would make %.1f MiB blocks, more than one job may hand the "
                     "driver or one broadcast piece: using %d blocks (the same sums: blocks only "

@@ -227,7 +227,10 @@ def _executor_records(path: str, num_partitions: int, job_bytes: int, record: in
         if chosen == "driver":
             largest = vector
         else:
-            largest = -(-vector // shuffle_blocks(vector, num_partitions, job_bytes, record))
+            # the blocks the record and job budgets need (the whole-waves rounding only
+            # makes them smaller; a num_blocks of the user's is never fewer blocks)
+            largest = -(-vector // shuffle_blocks(vector, num_partitions, job_bytes, record,
+                                                  whole_waves=False))
         largest = max(largest, min(record, max((f.weights for f in fits), default=0)))
         return tasks * RECORD_COPIES * largest
     return measure
