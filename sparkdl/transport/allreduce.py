@@ -142,8 +142,7 @@ def job_intake(vector_bytes: int, path: str, num_partitions: int,
         path = choose_allreduce(vector_bytes, num_partitions, job_bytes)
     if path == "driver":
         return int(vector_bytes) * num_partitions
-    blocks = shuffle_blocks(vector_bytes, num_blocks or num_partitions, job_bytes, record_bytes,
-                            whole_waves=not num_blocks)
+    blocks = _block_count(vector_bytes, num_blocks, num_partitions, job_bytes, record_bytes)
     block = max(1, -(-int(vector_bytes) // blocks))
     return min(int(vector_bytes), blocks_per_job(block, blocks, job_bytes) * block)
 
@@ -674,10 +673,17 @@ def make_pass_allreduce(size: int, dtype: np.dtype, path: str, num_partitions: i
                             codec, table_rows, job_bytes, record_bytes)
 
 
+def _block_count(vector_bytes: int, num_blocks: int | None, num_partitions: int,
+                 job_bytes: int | None, record_bytes: int) -> int:
+    """The blocks a vector's shuffle makes: the user's ``num_blocks`` as given (more only where
+    the budgets need it), else the partitions', in whole waves (:func:`shuffle_blocks`)."""
+    return shuffle_blocks(vector_bytes, num_blocks or num_partitions, job_bytes, record_bytes,
+                          whole_waves=not num_blocks)
+
+
 def _blocks(vector_bytes: int, num_blocks: int | None, num_partitions: int,
             job_bytes: int | None, record_bytes: int) -> int:
-    blocks = shuffle_blocks(vector_bytes, num_blocks or num_partitions, job_bytes, record_bytes,
-                            whole_waves=not num_blocks)
+    blocks = _block_count(vector_bytes, num_blocks, num_partitions, job_bytes, record_bytes)
     if num_blocks and blocks > num_blocks:
         log.warning("num_blocks=%d would make %.1f MiB blocks, more than one job may hand the "
                     "driver or one broadcast piece: using %d blocks (the same sums: blocks only "
