@@ -16,7 +16,9 @@ fails prints why (the sparkdl error's class, or the time limit). Models:
 Per-iteration time: the median gap between consecutive iterations after the first two (rounds:
 the median of rounds 2 to ``--rounds`` (4) times over their H iterations; ``largest`` probes
 of large models use ``--rounds 2``). Samples per second: the global batch over it.
-Each run's peak memory (the machine's, sampled) is reported beside it.
+Each run's peak memory (the machine's, sampled) is reported beside it, with its processes'
+resident memory at that moment (the driver's Python process, the Python workers, the JVMs;
+resident sizes count the shared libraries, torch's among them, in each process).
 
     python bench/large_models.py curve --heap 2g --sizes 20 80 300 --runners sync rounds td
     python bench/large_models.py largest --heap 2g --kind mlp --runners sync rounds td \\
@@ -218,11 +220,51 @@ def _available_gib() -> float:
     return int(fields["MemAvailable"].split()[0]) / 2**20
 
 
+def _session_rss(session: int) -> dict[str, list[float]]:
+    """The resident memory (GiB) of each process in ``session`` (the measurement's), by what it
+    is: the driver's Python process, the Python workers (with their daemons), the driver's
+    JVM and the executors' JVMs. Resident sizes count the shared libraries in every process."""
+    found: dict[str, list[float]] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[3]) != session:
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/status") as f:
+                rss = next((int(line.split()[1]) for line in f if line.startswith("VmRSS")), 0)
+        except (OSError, ValueError, IndexError):
+            continue                     # gone meanwhile, or a kernel thread
+        if "CoarseGrainedExecutorBackend" in cmd:
+            what = "executor JVMs"
+        elif "java" in cmd.split(" ", 1)[0]:
+            what = "driver JVM"
+        elif "pyspark.daemon" in cmd or "pyspark/daemon" in cmd:
+            what = "Python workers"
+        elif int(pid) == session:
+            what = "driver Python"
+        else:
+            what = "other"
+        if rss > 64 << 10:               # (the daemons' idle forks and helpers left out)
+            found.setdefault(what, []).append(rss / 2**20)
+    return found
+
+
+def describe_processes(found: dict[str, list[float]]) -> str:
+    """``_session_rss``'s figures as one table cell."""
+    order = ["driver Python", "Python workers", "driver JVM", "executor JVMs", "other"]
+    return "; ".join(f"{what} " + " + ".join(f"{g:.1f}" for g in sorted(found[what],
+                                                                       reverse=True))
+                     for what in order if found.get(what))
+
+
 def run_one(runner: str, kind: str, millions: float, heap: str, iterations: int,
             timeout: float, rounds: int = 4, optimizer: str = "sgd",
             master: str = "local[2]", conf: list[str] | None = None) -> dict[str, Any]:
     """One measurement in a process of its own; ``peak_gib``: the most memory the machine had in
-    use beyond what it had before the run (sampled every 0.2 s)."""
+    use beyond what it had before the run (sampled every 0.2 s); ``at_peak``: its processes'
+    resident memory at that moment (:func:`describe_processes`)."""
     cmd = [sys.executable, os.path.abspath(__file__), "measure", "--runner", runner, "--kind",
            kind, "--millions", str(millions), "--heap", heap, "--iterations", str(iterations),
            "--rounds", str(rounds), "--optimizer", optimizer, "--master", master,
@@ -234,15 +276,19 @@ def run_one(runner: str, kind: str, millions: float, heap: str, iterations: int,
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env,
                                 start_new_session=True)
         deadline = time.time() + timeout
+        at_peak = ""
         while proc.poll() is None and time.time() < deadline:
-            lowest = min(lowest, _available_gib())
+            available = _available_gib()
+            if available < lowest:
+                lowest = available
+                at_peak = describe_processes(_session_rss(proc.pid))
             time.sleep(0.2)
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
             proc.wait()
             subprocess.run(["pkill", "-9", "-f", "torch.distributed.run"], check=False)
             return {"ok": False, "error": f"no result in {timeout:.0f} s",
-                    "peak_gib": before - lowest}
+                    "peak_gib": before - lowest, "at_peak": at_peak}
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
@@ -250,25 +296,26 @@ def run_one(runner: str, kind: str, millions: float, heap: str, iterations: int,
     if not lines:
         return {"ok": False, "error": f"exit {proc.returncode}: "
                                       f"{(stderr.strip().splitlines() or [''])[-1][:200]}",
-                "peak_gib": before - lowest}
+                "peak_gib": before - lowest, "at_peak": at_peak}
     row = json.loads(lines[-1][7:])
-    row["peak_gib"] = before - lowest
+    row.update(peak_gib=before - lowest, at_peak=at_peak)
     return row
 
 
 def show(rows: list[dict[str, Any]]) -> None:
     print("| runner | master | model | M params | heap | per iteration (s) | samples/s | "
-          "peak GiB | outcome |")
-    print("|---|---|---|---:|---|---:|---:|---:|---|")
+          "peak GiB | outcome | resident GiB at the peak |")
+    print("|---|---|---|---:|---|---:|---:|---:|---|---|")
     for r in rows:
         head = (f"| {r['runner']} | {r['master']} | {r['kind']} | {r['millions']:g} | "
                 f"{r['heap']} | ")
         peak = f"{r.get('peak_gib', 0):.1f}"
+        at = r.get("at_peak", "")
         if r["ok"]:
             print(head + f"{r['per_iteration_s']:.2f} | {r['samples_per_s']:.1f} | {peak} | "
-                  "trains |", flush=True)
+                  f"trains | {at} |", flush=True)
         else:
-            print(head + f"- | - | {peak} | {r['error']} |", flush=True)
+            print(head + f"- | - | {peak} | {r['error']} | {at} |", flush=True)
 
 
 def sweep(args: Any, stop_at_failure: bool) -> None:

@@ -557,6 +557,144 @@ def test_a_task_drops_each_dense_gradient_once_it_is_in_the_vector():
     assert layout.table_rows(net)[0][0].tolist() == [1, 5, 7]       # the table's rows
 
 
+def test_a_tasks_vector_is_its_gradients_themselves_cut_into_the_same_blocks(tmp_path):
+    """A task alone on its share sends its gradients as they are (no vector copied from them:
+    the task held a gradient and a half beside the weights while it copied): the same values,
+    presence, blocks and map file as the copied vector, each dense segment the gradient's own
+    memory, the tables' and the absent parameters' zeros."""
+    from sparkdl.transport.allreduce import ShuffleMapSide, block_bounds
+    from sparkdl.transport.codecs import ExactCodec
+    from sparkdl.transport.flat_layout import ParamLayout
+    from sparkdl.transport.segmented_vector import (SegmentedVector, copy_vector_into,
+                                                    write_vector)
+
+    torch.manual_seed(0)
+    net = _TableNet()
+    layout = ParamLayout(net)
+    net(torch.tensor([1, 5, 5, 7])).sum().backward()
+    kept, kept_present = layout.gradients(net)
+    head_grad = net.head.weight.grad
+    vector, present = layout.gradients(net, release=True, segmented=True)
+    assert isinstance(vector, SegmentedVector) and vector.size == kept.size == layout.size
+    assert np.asarray(vector).tobytes() == kept.tobytes()
+    assert present.tolist() == kept_present.tolist() == [1, 1, 1, 0, 0]
+    assert net.head.weight.grad is None and net.table.weight.grad is not None   # rows stay
+    head = layout.params[1]
+    assert np.shares_memory(vector[head.start:head.stop], head_grad.numpy())
+    for lo in range(0, kept.size + 1):
+        for hi in range(lo, kept.size + 1):
+            assert vector[lo:hi].tobytes() == kept[lo:hi].tobytes(), (lo, hi)
+    into = np.full(kept.size, np.nan, dtype=kept.dtype)
+    copy_vector_into(into, vector)
+    assert into.tobytes() == kept.tobytes()
+    with open(tmp_path / "v", "wb") as out:
+        write_vector(out, vector)
+    assert (tmp_path / "v").read_bytes() == kept.tobytes()
+    # the shuffle's map side: the same frames (blocks across the segments' ends), the same file
+    codec = ExactCodec(kept.dtype)
+    report = SimpleNamespace(partition=0)
+    for blocks in (1, 3, 7):
+        bounds = block_bounds(kept.size, blocks)
+        side = ShuffleMapSide(None, bounds, blocks, codec, {}, frame_bytes=8)
+        assert [bytes(f) for f in side.emit(0, vector, report)] == \
+               [bytes(f) for f in side.emit(0, kept, report)]
+    files = ShuffleMapSide(None, block_bounds(kept.size, 3), 3, codec, {}, str(tmp_path))
+    list(files.emit(0, vector, report))
+    list(files.emit(1, kept, report))
+    written = {p.name.split("-")[1]: p.read_bytes() for p in tmp_path.glob("map-*")}
+    assert written["0"] == written["1"] == kept.tobytes()
+
+
+def test_a_models_weights_ship_out_of_band_and_the_task_builds_it_on_the_received_bytes():
+    """The replica's spec ships its large tensors' bytes out of band (pickle 5): the driver
+    copies none of them, the task rebuilds the model on the buffers it received (the weights
+    once in the worker, not three times), and the model is the same: values, dtypes, tied
+    weights, views of one buffer, parameters and ``requires_grad``, functions beside it."""
+    import pickle
+
+    from sparkdl.transport.pieced_broadcast import pieced_broadcast
+    from sparkdl.transport.tensor_buffers import OutOfBand, dumps_out_of_band
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(512, 1024)
+            self.frozen = nn.Linear(1024, 512)
+            self.frozen.weight.requires_grad_(False)
+            self.emb = nn.Embedding(1000, 512)
+            self.head = nn.Linear(512, 1000, bias=False)
+            self.head.weight = self.emb.weight
+            self.register_buffer("steps", torch.arange(300_000, dtype=torch.float64))
+            self.register_buffer("window", self.steps[10:20])
+            self.halves = nn.Parameter(torch.ones(1 << 20, dtype=torch.bfloat16))
+
+    torch.manual_seed(0)
+    model = Tied()
+    shipped = dumps_out_of_band({"model": model, "scale": lambda v: 2 * v})
+    storages = {model.a.weight.untyped_storage().data_ptr(),
+                model.emb.weight.untyped_storage().data_ptr()}
+    assert storages <= {b.ctypes.data for b in shipped.buffers}   # views: nothing copied
+    assert len(shipped.stream) < 100_000 and len(shipped.buffers) == 5    # tied: one
+    handle = pieced_broadcast(lambda v: SimpleNamespace(value=v), shipped, piece_bytes=1 << 20)
+    received = handle.value
+    assert isinstance(received, OutOfBand)
+    got = received.load()
+    twin = got["model"]
+    assert got["scale"](3) == 6
+    on = {b.ctypes.data for b in received.buffers}
+    assert {twin.a.weight.untyped_storage().data_ptr(),
+            twin.steps.untyped_storage().data_ptr()} <= on     # on the received bytes
+    want = model.state_dict(keep_vars=True)
+    for name, tensor in twin.state_dict(keep_vars=True).items():
+        assert type(tensor) is type(want[name]) and tensor.dtype == want[name].dtype, name
+        assert tensor.requires_grad == want[name].requires_grad, name
+        assert torch.equal(tensor, want[name]), name
+    assert twin.head.weight is twin.emb.weight
+    twin.steps[12] = -1.0
+    assert twin.window[2] == -1.0                   # still a view of the same buffer
+    # a small value's broadcast carries it in band (read-only bytes): its own copies
+    small = pickle.loads(pickle.dumps(shipped, protocol=5)).load()["model"]
+    assert torch.equal(small.a.weight, model.a.weight)
+    before = model.a.weight.detach().clone()
+    small.a.weight.data.add_(1.0)                   # writable, and not the driver's memory
+    assert torch.equal(model.a.weight, before)
+
+
+def test_the_driver_lets_go_of_an_iterations_sums_before_the_next_job():
+    """The driver holds one iteration's sums at a time: the completions of a job (each holding
+    its fit's summed vector) are dropped before the next job collects its own (two sums beside
+    the weights, for a model of the machine's size, was a copy too many)."""
+    import gc
+    import weakref
+
+    from sparkdl.engine.strategies.base import FitsDriver
+
+    class Sums:
+        pass
+
+    alive: list[list[bool]] = []
+
+    class Jobs:
+        jobs = 0
+        last: list = []
+
+        def starting(self, active):
+            pass
+
+        def iteration(self, active):
+            gc.collect()
+            alive.append([ref() is not None for ref in self.last])
+            self.jobs += 1
+            sums = {k: Sums() for k in active}
+            self.last = [weakref.ref(v) for v in sums.values()]
+            return {k: (lambda k=k, result=sums[k]: self.jobs >= 3) for k in active}
+
+    member = SimpleNamespace(start=lambda: True, close=lambda: None,
+                             ctx=SimpleNamespace(iteration=3))
+    driver = FitsDriver([member, member], Jobs(), "pass").run()
+    assert driver.finished == {0, 1} and alive == [[], [False, False], [False, False]]
+
+
 def test_the_drivers_parameters_are_the_state_it_ships_and_step_as_torchs():
     """The driver holds the weights once: the model's parameters become views of the state
     vector that is broadcast (their identity kept, so the optimizer still holds them), an

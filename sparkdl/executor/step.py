@@ -336,7 +336,8 @@ def _share_gradient(step: StepSpec, partition: int, shard: Shard, replica: Repli
             factor = weight * step.loss_scale               # the scale is 1 or a power of 2
         (loss * factor).backward()
         loss_sum += float(loss.detach()) * weight
-    vector, present = layout.gradients(model, release=True)
+    # alone: the gradients themselves, not a copy (a sub-replica's are summed into the first)
+    vector, present = layout.gradients(model, release=True, segmented=alone)
     rows = layout.table_rows(model) if layout.tables else {}
     return (vector, present, loss_sum, normaliser_sum, layout.changed_buffers(model, before),
             rows, full_read)

@@ -27,6 +27,8 @@ import numpy as np
 
 from ..errors import SparkdlError, permanent_report
 from ..metrics import ValidationMetric
+from ..transport.segmented_vector import copy_vector_into
+from ..transport.tensor_buffers import OutOfBand
 from ..transport.weight_refresh import Refresh
 from .devices import task_device
 from .executor_identity import executor_location
@@ -42,15 +44,19 @@ __all__ = ["task_attempt", "PickledSpec", "GradientTask", "PassGradientTask", "P
 
 
 class PickledSpec:
-    """A broadcast of cloudpickled bytes read as the object they hold (the replica spec may
-    name classes that only cloudpickle can ship, e.g. defined in ``__main__``)."""
+    """A broadcast of cloudpickled bytes, or of an
+    :class:`~sparkdl.transport.tensor_buffers.OutOfBand` pickle, read as the object it holds
+    (the replica spec may name classes that only cloudpickle can ship, e.g. defined in
+    ``__main__``)."""
 
     def __init__(self, broadcast: Any) -> None:
         self.broadcast = broadcast
 
     @property
     def value(self) -> Any:
-        spec = pickle.loads(self.broadcast.value)
+        shipped = self.broadcast.value
+        spec = shipped.load() if isinstance(shipped, OutOfBand) else pickle.loads(shipped)
+        del shipped
         forget = getattr(self.broadcast, "forget", None)
         if forget is not None:      # the bytes of a large model, no longer wanted in the task
             forget()
@@ -171,7 +177,7 @@ class PassGradientTask:
         vector = np.zeros(bounds[-1], dtype=self.dtype)
         for k, (part, _) in enumerate(results):
             if part is not None:
-                vector[bounds[k]:bounds[k + 1]] = part
+                copy_vector_into(vector[bounds[k]:bounds[k + 1]], part)
         return vector, report
 
 

@@ -2,7 +2,8 @@
 
 * Data: each input RDD becomes shards on the executors plus a tiny locally checkpointed index
   RDD whose blocks sit where the shards are (:class:`sparkdl.runners.cached_rdd.CachedData`).
-* The model: broadcast once per run (cloudpickled :class:`ReplicaSpec`); each Python worker keeps
+* The model: broadcast once per run (a cloudpickled :class:`ReplicaSpec`, its weights out of
+  band: :mod:`sparkdl.transport.tensor_buffers`); each Python worker keeps
   a replica (:mod:`sparkdl.executor.replicas`).
 * One iteration: the weights are broadcast (whole, or as the rows and rest that changed since the
   last iteration: :mod:`sparkdl.transport.weight_refresh`), the index RDD's tasks run
@@ -50,6 +51,7 @@ from ..transport.pass_results import pass_table_rows, split_pass_result
 from ..transport.flat_layout import ParamLayout
 from ..transport.broadcast_bundle import BroadcastBundle
 from ..transport.python_jobs import PythonJobs
+from ..transport.tensor_buffers import dumps_out_of_band
 from .driver_health import DriverHealth, driver_job_share
 from ..transport.weight_refresh import RefreshPublisher, StateVersion
 
@@ -139,8 +141,6 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
         weight refresh); returns its number and how its vectors are summed alone. The fits of
         one runner share ``options`` (the first fit's are kept) but ``compression``, which is
         each fit's own."""
-        from pyspark import cloudpickle
-
         if not self._fits:
             self._health.watch()
             self._options = options
@@ -160,7 +160,8 @@ class SparkRddRunner(GradientRunner, HopRunner, RoundRunner):
             deltas=self._flag("spark.sparkdl.rowDeltas", True),
             verify=self._flag("spark.sparkdl.verifyReplicas", False))
         number = max(self._fits, default=-1) + 1
-        spec_bc = PythonJobs.of(self.spark_context).broadcast(cloudpickle.dumps(spec))
+        # the weights out of band: no copy of them here, one in the worker that builds a replica
+        spec_bc = PythonJobs.of(self.spark_context).broadcast(dumps_out_of_band(spec))
         self._fits[number] = _Fit(new_key("run"), spec_bc, layout, allreduce, publisher)
         return number, (f"{type(allreduce).__name__} all-reduce of {layout.size} values"
                         + (f" (gradients in {options.compression})"

@@ -46,6 +46,7 @@ from pyspark import RDD
 from .codecs import ExactCodec, make_codec
 from .flat_layout import ParamLayout
 from .pieced_broadcast import PIECE_BYTES
+from .segmented_vector import SegmentedVector, write_vector
 from .table_rows import Rows, join_rows, split_rows, sum_rows
 from .frames import (MAX_FRAME_BYTES, collect_messages, keyed_frame, message_frames,
                      read_messages, shuffle_frames)
@@ -488,8 +489,10 @@ class ShuffleMapSide:
         where = None
         if vector is not None and vector.size and self.map_dir is not None:
             # one file the reducers read their blocks from; the shuffle carries its name
-            where = write_vector_file(self.map_dir, f"map-{partition}",
-                                      self.codec.encode(vector, 0))    # in the sum's dtype
+            where = write_vector_file(self.map_dir, f"map-{partition}",   # in the sum's dtype
+                                      vector if isinstance(self.codec, ExactCodec)
+                                      and vector.dtype == self.codec.dtype else
+                                      self.codec.encode(vector, 0))
         for k in range(self.num_blocks):
             block = (None if vector is None or where is not None else
                      self.codec.encode(vector[bounds[k]:bounds[k + 1]], int(bounds[k])))
@@ -538,12 +541,12 @@ class ShuffleReduceSide:
             total, self.frame_bytes)
 
 
-def write_vector_file(directory: str, name: str, values: np.ndarray) -> str:
+def write_vector_file(directory: str, name: str, values: np.ndarray | SegmentedVector) -> str:
     """``values`` written to a new file under ``directory`` (``name`` and a suffix of its own
     per task attempt: a retried or speculative task never writes over another's); its path."""
     path = os.path.join(directory, f"{name}-{uuid.uuid4().hex}")
     with open(path, "wb") as out:
-        out.write(memoryview(np.ascontiguousarray(values)).cast("B"))
+        write_vector(out, values)
     return path
 
 

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from ..errors import InvalidArgumentError, SparkdlError
+from .segmented_vector import SegmentedVector
 from .table_rows import Rows, dense_grad, dense_rows, rows_of, sparse_grad, table_parameters
 
 __all__ = ["ParamLayout", "combine_buffers", "summed_presence", "raw_bytes",
@@ -223,13 +224,16 @@ class ParamLayout:
         return self._tensor(state, self.buffers[index])
 
     # --------------------------------------------------------------------- task side
-    def gradients(self, model: nn.Module, release: bool = False
-                  ) -> tuple[np.ndarray, np.ndarray]:
+    def gradients(self, model: nn.Module, release: bool = False, segmented: bool = False
+                  ) -> tuple[np.ndarray | SegmentedVector, np.ndarray]:
         """The parameters' ``.grad`` as one vector (zeros where None) and which were present.
         With ``release``, each dense gradient on the CPU is dropped (``.grad = None``) as soon
         as it is in the vector, so the task never holds two whole copies of the gradients (the
         vector, then the gradients it was made from: two model-sized objects at once for a
-        large model); the tables' gradients stay for :meth:`table_rows`."""
+        large model); the tables' gradients stay for :meth:`table_rows`. With ``segmented``
+        too, nothing is copied: the vector is a
+        :class:`~sparkdl.transport.segmented_vector.SegmentedVector` of the gradients
+        themselves (the task holds the weights and one gradient, not a gradient and a half)."""
         present = np.zeros(len(self.params), dtype=np.int32)
         tensors = dict(model.named_parameters())
         grads = [tensors[slot.name].grad for slot in self.params]
@@ -244,6 +248,17 @@ class ParamLayout:
             pinned = self._host_buffer("grads", self.size, self.torch_dtype)
             pinned.copy_(flat)
             return pinned.numpy().copy(), present
+        if release and segmented:
+            segments = []
+            for k, slot in enumerate(self.params):
+                g, grads[k] = grads[k], None
+                if g is None or slot.rows:
+                    segments.append(np.zeros(slot.stop - slot.start, dtype=self.numpy_dtype))
+                else:       # a view of the gradient (its tensor kept alive by the array)
+                    segments.append(g.detach().reshape(-1).to(self.torch_dtype).numpy())
+                    tensors[slot.name].grad = None
+                del g
+            return SegmentedVector(segments), present
         out = np.zeros(self.size, dtype=self.numpy_dtype)
         for k, slot in enumerate(self.params):
             g, grads[k] = grads[k], None

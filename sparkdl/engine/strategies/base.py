@@ -136,6 +136,9 @@ class FitsDriver:
                     self.members[k].close()
                     self.finished.add(k)
                     left.append(k)
+                # the completions hold this iteration's results (each a model-sized sum):
+                # dropped before the next job collects its own
+                del completions
                 if left and len(self.members) > 1:
                     log.info("fits %s leave the %s after their iteration %s (%d fits go on)",
                              left, self.word, [self.members[k].ctx.iteration for k in left],
