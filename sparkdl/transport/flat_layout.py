@@ -258,7 +258,8 @@ class ParamLayout:
                     segments.append(g.detach().reshape(-1).to(self.torch_dtype).numpy())
                     tensors[slot.name].grad = None
                 del g
-            return SegmentedVector(segments), present
+            return (SegmentedVector(segments) if segments else
+                    np.zeros(0, dtype=self.numpy_dtype)), present
         out = np.zeros(self.size, dtype=self.numpy_dtype)
         for k, slot in enumerate(self.params):
             g, grads[k] = grads[k], None
