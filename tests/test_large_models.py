@@ -652,8 +652,15 @@ def test_a_models_weights_ship_out_of_band_and_the_task_builds_it_on_the_receive
     assert twin.head.weight is twin.emb.weight
     twin.steps[12] = -1.0
     assert twin.window[2] == -1.0                   # still a view of the same buffer
+    # a second load of the same received value (a second replica in the worker, a cached
+    # broadcast), or a load of the driver's own, is a model of its own memory
+    for again in (received.load()["model"], shipped.load()["model"]):
+        assert torch.equal(again.a.weight, model.a.weight)
+        assert again.a.weight.untyped_storage().data_ptr() not in on | storages
+        assert again.head.weight is again.emb.weight
     # a small value's broadcast carries it in band (read-only bytes): its own copies
     small = pickle.loads(pickle.dumps(shipped, protocol=5)).load()["model"]
+    assert small.a.weight.untyped_storage().data_ptr() not in storages
     assert torch.equal(small.a.weight, model.a.weight)
     before = model.a.weight.detach().clone()
     small.a.weight.data.add_(1.0)                   # writable, and not the driver's memory

@@ -53,8 +53,20 @@ class OutOfBand:
         return len(self.stream) + sum(b.nbytes for b in self.buffers)
 
     def load(self) -> Any:
-        """The object, its large tensors on :attr:`buffers` (no copy)."""
-        return pickle.loads(self.stream, buffers=self.buffers)
+        """The object. The first load after unpickling builds its large tensors on
+        :attr:`buffers` (no copy); every other load (a second replica in the same worker
+        reading a cached broadcast, or the driver's own object, whose buffers are the model's
+        memory) on copies of them, so that no two objects ever share a tensor's memory."""
+        fresh = self.__dict__.pop("_received", False)      # atomic: one load gets them
+        buffers = self.buffers if fresh else [np.array(b, copy=True) for b in self.buffers]
+        return pickle.loads(self.stream, buffers=buffers)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"stream": self.stream, "buffers": self.buffers}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.stream, self.buffers = state["stream"], state["buffers"]
+        self._received = True
 
 
 class _StorageBuffer:
