@@ -488,10 +488,11 @@ class ShuffleMapSide:
         bounds = self.bounds
         where = None
         if vector is not None and vector.size and self.map_dir is not None:
-            # one file the reducers read their blocks from; the shuffle carries its name
-            where = write_vector_file(self.map_dir, f"map-{partition}",   # in the sum's dtype
-                                      vector if isinstance(self.codec, ExactCodec)
-                                      and vector.dtype == self.codec.dtype else
+            # one file the reducers read their blocks from; the shuffle carries its name. A
+            # map directory is made for the exact codec only: the file is the vector in the
+            # sum's dtype, written as it is (a segmented vector segment by segment)
+            where = write_vector_file(self.map_dir, f"map-{partition}",
+                                      vector if vector.dtype == self.codec.dtype else
                                       self.codec.encode(vector, 0))
         for k in range(self.num_blocks):
             block = (None if vector is None or where is not None else

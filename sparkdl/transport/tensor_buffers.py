@@ -48,10 +48,6 @@ class OutOfBand:
     stream: bytes
     buffers: list[np.ndarray]
 
-    @property
-    def nbytes(self) -> int:
-        return len(self.stream) + sum(b.nbytes for b in self.buffers)
-
     def load(self) -> Any:
         """The object. The first load after unpickling builds its large tensors on
         :attr:`buffers` (no copy); every other load (a second replica in the same worker
