@@ -29,6 +29,12 @@ one thread per process, a naive Spark loop (state dict broadcast + pickled reduc
 per-parameter gradients), and the bare Spark floor: an empty two-stage PySpark job (map,
 reduceByKey, collect) plus a broadcast of the model's byte size.
 
+Bytes floor (not with ``--cold``): after the rounds, each workload's gradient bytes are sent
+through the moves of one iteration with nothing computed (``bench/bytes_path.py``'s jobs: the
+broadcast, its reads, the map output, the shuffle, the reducers' sums, the results), and their
+hops' sum is printed beside sparkdl's iteration on each master: what Spark's own transport costs
+on that master for the card's design, which no change inside sparkdl's tasks can go under.
+
 Prints one table: samples/s (median over rounds), ratios to single-process and to
 TorchDistributor, first and final loss, peak RSS of the driver-side process and of the workers,
 and sparkdl's per-iteration time split with its overhead (iteration minus slowest task compute)
@@ -398,6 +404,18 @@ def spark_floor(sc: Any, nbytes: int, repeats: int = 15) -> tuple[float, float, 
             statistics.median(jvms))
 
 
+def bytes_floor(sc: Any, nbytes: int, repeats: int = 5) -> float:
+    """Milliseconds of one iteration's moves of an ``nbytes`` gradient with nothing computed:
+    the sum of ``bench/bytes_path.py``'s Spark hops (median of ``repeats`` per hop)."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import bytes_path
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(bytes_path)    # its task functions travel by value:
+    spark_hops = bytes_path.spark_hops                 # the workers cannot import bench/
+    return float(sum(spark_hops(sc, max(1, nbytes // 4), repeats).values()))
+
+
 RUNNERS = {
     "single": run_single,
     "torchdistributor": run_torch_distributor,
@@ -495,16 +513,20 @@ def main() -> None:
         for wname in args.workloads:
             floors[wname] = [spark_floor(sc, WORKLOADS[wname].gradient_bytes())]
             clean_floors[wname] = floors[wname][0]
-    report(args, results, floors, clean_floors)
+    moves = {} if args.cold else {
+        wname: bytes_floor(sc, WORKLOADS[wname].gradient_bytes()) for wname in args.workloads}
+    report(args, results, floors, clean_floors, moves)
     if args.summary_json:
         with open(args.summary_json, "w") as f:
-            json.dump(summary(results), f)
+            json.dump(summary(results, moves), f)
     spark.stop()
 
 
-def summary(results: dict[tuple[str, str], list[Result]]) -> dict[str, dict[str, Any]]:
-    """By workload and runner: the median samples/s, and sparkdl's median iteration in ms."""
-    out: dict[str, dict[str, Any]] = {}
+def summary(results: dict[tuple[str, str], list[Result]], moves: dict[str, float]
+            ) -> dict[str, dict[str, Any]]:
+    """By workload and runner: the median samples/s, and sparkdl's median iteration in ms; by
+    workload under ``"bytes floor"``: its :func:`bytes_floor` in ms."""
+    out: dict[str, dict[str, Any]] = {w: {"bytes floor": ms} for w, ms in moves.items()}
     for (wname, runner), rs in results.items():
         split = [r.split["wall_s"] for r in rs if r.split]
         out.setdefault(wname, {})[runner] = {
@@ -534,10 +556,12 @@ def compare_masters(masters: list[str]) -> None:
                 continue
             with open(out) as f:
                 runs[master] = json.load(f)
-    print("\nside by side (medians; sparkdl's iteration in ms):\n")
+    print("\nside by side (medians; sparkdl's iteration in ms; the bytes floor: the iteration's "
+          "moves of its gradient's bytes through Spark with nothing computed, on that master, "
+          "and its ratio to the first master's sparkdl iteration):\n")
     print("| workload | runner | master | iteration | x first master | samples/s | "
-          "TorchDistributor samples/s | sparkdl / TD |")
-    print("|---|---|---|---:|---:|---:|---:|---:|")
+          "TorchDistributor samples/s | sparkdl / TD | bytes floor | floor x first master |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     workloads = sorted({w for run in runs.values() for w in run})
     for wname in workloads:
         tds = {m: run[wname]["torchdistributor"]["samples_per_s"] for m, run in runs.items()
@@ -556,16 +580,20 @@ def compare_masters(masters: list[str]) -> None:
                 if td is None and tds:
                     td, td_note = statistics.median(tds.values()), " (other masters')"
                 ratio = f"{fig['samples_per_s'] / td:.2f}" if td else "-"
+                floor = runs[master][wname].get("bytes floor")
                 print(f"| {wname} | {runner} | `{master}` | "
                       + (f"{it:.1f} | " if it else "- | ")
                       + (f"{it / first:.2f}x | " if it and first else "- | ")
                       + f"{fig['samples_per_s']:,.0f} | "
-                      + (f"{td:,.0f}{td_note} | " if td else "- | ") + f"{ratio} |")
+                      + (f"{td:,.0f}{td_note} | " if td else "- | ") + f"{ratio} | "
+                      + (f"{floor:.1f} | " if floor else "- | ")
+                      + (f"{floor / first:.2f}x |" if floor and first else "- |"))
 
 
 def report(args: Any, results: dict[tuple[str, str], list[Result]],
            floors: dict[str, list[tuple[float, float, float, float]]],
-           clean_floors: dict[str, tuple[float, float, float, float]]) -> None:
+           clean_floors: dict[str, tuple[float, float, float, float]],
+           moves: dict[str, float]) -> None:
     print(f"\n{args.rounds} round(s), medians; {args.master}; data {SAMPLES} samples in "
           f"{PARTITIONS} partitions; "
           + ("cold (no warm-up)" if args.cold else
@@ -635,6 +663,18 @@ def report(args: Any, results: dict[tuple[str, str], list[Result]],
             print(f"| {wname} | {runner} | {overhead:.1f} | {clean_one:.1f} | "
                   f"{overhead / clean_one:.2f} | {one:.1f} | {overhead / one:.2f} | {jvm:.1f} | "
                   f"{calls:.0f} |")
+    if moves:
+        print("\nthe bytes floor: one iteration's moves of the workload's gradient bytes through "
+              "Spark with nothing computed (bench/bytes_path.py's hops, medians of 5), beside "
+              "sparkdl's iteration:\n")
+        print("| workload | bytes floor ms | runner | iteration ms | iteration / floor |")
+        print("|---|---:|---|---:|---:|")
+        for wname, ms in moves.items():
+            for runner in args.runners:
+                rs = [r for r in results.get((wname, runner), []) if r.split]
+                if rs:
+                    it = 1000 * statistics.median(r.split["wall_s"] for r in rs)
+                    print(f"| {wname} | {ms:.1f} | {runner} | {it:.1f} | {it / ms:.2f} |")
 
 
 if __name__ == "__main__":
