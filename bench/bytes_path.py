@@ -202,6 +202,17 @@ def spark_hops(sc: Any, n: int, repeats: int) -> dict[str, float]:
     return {hop: statistics.median(r[hop] for r in runs) for hop in runs[0]}
 
 
+def bytes_floor(sc: Any, nbytes: int, repeats: int = 5) -> float:
+    """Milliseconds of one iteration's moves of an ``nbytes`` gradient through Spark with
+    nothing computed: the sum of :func:`spark_hops` (medians of ``repeats`` each), for the
+    benches that print it beside sparkdl's iteration (``compare_runners.py``,
+    ``large_models.py --floor``)."""
+    if __name__ != "__main__":          # imported: its task functions travel by value, since
+        from pyspark import cloudpickle  # the workers cannot import bench/
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    return float(sum(spark_hops(sc, max(1, int(nbytes) // 4), repeats).values()))
+
+
 def layout_hops(n: int, repeats: int) -> dict[str, float]:
     """ms per in-process layout hop on an MLP with about ``n`` parameters."""
     hidden = max(16, int((-(784 + 10 + 1) + ((784 + 10 + 1) ** 2 + 4 * n) ** 0.5) / 2))

@@ -404,18 +404,6 @@ def spark_floor(sc: Any, nbytes: int, repeats: int = 15) -> tuple[float, float, 
             statistics.median(jvms))
 
 
-def bytes_floor(sc: Any, nbytes: int, repeats: int = 5) -> float:
-    """Milliseconds of one iteration's moves of an ``nbytes`` gradient with nothing computed:
-    the sum of ``bench/bytes_path.py``'s Spark hops (median of ``repeats`` per hop)."""
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    import bytes_path
-    from pyspark import cloudpickle
-
-    cloudpickle.register_pickle_by_value(bytes_path)    # its task functions travel by value:
-    spark_hops = bytes_path.spark_hops                 # the workers cannot import bench/
-    return float(sum(spark_hops(sc, max(1, nbytes // 4), repeats).values()))
-
-
 RUNNERS = {
     "single": run_single,
     "torchdistributor": run_torch_distributor,
@@ -513,6 +501,9 @@ def main() -> None:
         for wname in args.workloads:
             floors[wname] = [spark_floor(sc, WORKLOADS[wname].gradient_bytes())]
             clean_floors[wname] = floors[wname][0]
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from bytes_path import bytes_floor  # (it imports scaling_model, which imports this file)
+
     moves = {} if args.cold else {
         wname: bytes_floor(sc, WORKLOADS[wname].gradient_bytes()) for wname in args.workloads}
     report(args, results, floors, clean_floors, moves)

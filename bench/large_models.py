@@ -13,6 +13,12 @@ fails prints why (the sparkdl error's class, or the time limit). Models:
   8192, 64 tokens), the number of layers setting the size; next-token cross-entropy, SGD.
   Global batch 8 sequences.
 
+A sync run also shows where its iteration goes (compute, launch, exchange and reduce,
+collect, update and broadcast: medians after the first two iterations), and with ``--floor``
+the bytes floor of its vector, measured in the same session after the fit
+(``bench/bytes_path.py``: one iteration's moves of that many bytes through Spark with nothing
+computed), which no change in sparkdl's tasks can go under on that master.
+
 Per-iteration time: the median gap between consecutive iterations after the first two (rounds:
 the median of rounds 2 to ``--rounds`` (4) times over their H iterations; ``largest`` probes
 of large models use ``--rounds 2``). Samples per second: the global batch over it.
@@ -30,6 +36,8 @@ resident sizes count the shared libraries, torch's among them, in each process).
         --runners rounds td --sizes 200 300 400 --rounds 2        # Adam inside
     python bench/large_models.py curve --heap 2g --sizes 80 --runners sync td \\
         --master 'local[2]' 'local-cluster[2,1,2048]'              # both masters, one run
+    python bench/large_models.py curve --heap 2g --sizes 80 --runners sync --floor \\
+        --master 'local-cluster[2,1,2048]' --conf spark.executor.memory=2g  # Spark's own cost
     python bench/large_models.py curve --runners rounds --sizes 300 --optimizer adam \\
         --heap 2g --rounds 2 --master 'local-cluster[2,1,2048]' \\
         --conf spark.executor.memory=2g                            # on executors of their own
@@ -152,8 +160,25 @@ def measure_sparkdl(args: Any) -> dict[str, Any]:
                                     for (i0, t0), (i1, t1) in zip(ends[:-1], ends[1:]))
     else:
         seconds = per_iteration(stamps)
+    row = {"per_iteration_s": seconds, "samples_per_s": batch / seconds}
+    if not rounds:       # where a sync iteration goes, and what Spark's moves of it cost alone
+        timed = fit.summary.iterations[2:] or fit.summary.iterations
+        row["split_s"] = {part: statistics.median(sum(getattr(r, k) for k in keys)
+                                                  for r in timed)
+                          for part, keys in SPLIT.items()}
+        if args.floor:
+            from bytes_path import bytes_floor
+            vector = 4 * sum(t.numel() for t in model.parameters())
+            row["floor_s"] = bytes_floor(spark.sparkContext, vector, repeats=3) / 1000
     spark.stop()
-    return {"per_iteration_s": seconds, "samples_per_s": batch / seconds}
+    return row
+
+
+SPLIT = {"compute": ("compute_s",), "launch": ("launch_s",),
+         "exchange + reduce": ("exchange_s", "reduce_s"), "collect": ("collect_s",),
+         "update + broadcast": ("update_s", "broadcast_s")}
+"""A sync iteration's parts (:class:`sparkdl.engine.fit.reports.summary.IterationRecord`'s
+fields), medians over the iterations after the first two."""
 
 
 def _ddp(kind: str, millions: float, iterations: int, path: str,
@@ -261,14 +286,15 @@ def describe_processes(found: dict[str, list[float]]) -> str:
 
 def run_one(runner: str, kind: str, millions: float, heap: str, iterations: int,
             timeout: float, rounds: int = 4, optimizer: str = "sgd",
-            master: str = "local[2]", conf: list[str] | None = None) -> dict[str, Any]:
+            master: str = "local[2]", conf: list[str] | None = None,
+            floor: bool = False) -> dict[str, Any]:
     """One measurement in a process of its own; ``peak_gib``: the most memory the machine had in
     use beyond what it had before the run (sampled every 0.2 s); ``at_peak``: its processes'
     resident memory at that moment (:func:`describe_processes`)."""
     cmd = [sys.executable, os.path.abspath(__file__), "measure", "--runner", runner, "--kind",
            kind, "--millions", str(millions), "--heap", heap, "--iterations", str(iterations),
            "--rounds", str(rounds), "--optimizer", optimizer, "--master", master,
-           *[a for c in conf or [] for a in ("--conf", c)]]
+           *[a for c in conf or [] for a in ("--conf", c)], *(["--floor"] if floor else [])]
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
     before = _available_gib()
     lowest = before
@@ -303,19 +329,23 @@ def run_one(runner: str, kind: str, millions: float, heap: str, iterations: int,
 
 
 def show(rows: list[dict[str, Any]]) -> None:
-    print("| runner | master | model | M params | heap | per iteration (s) | samples/s | "
-          "peak GiB | outcome | resident GiB at the peak |")
-    print("|---|---|---|---:|---|---:|---:|---:|---|---|")
+    print("| runner | master | model | M params | heap | per iteration (s) | of which (s): "
+          + " / ".join(SPLIT) + " | bytes floor (s) | samples/s | peak GiB | outcome | "
+          "resident GiB at the peak |")
+    print("|---|---|---|---:|---|---:|---|---:|---:|---:|---|---|")
     for r in rows:
         head = (f"| {r['runner']} | {r['master']} | {r['kind']} | {r['millions']:g} | "
                 f"{r['heap']} | ")
         peak = f"{r.get('peak_gib', 0):.1f}"
         at = r.get("at_peak", "")
+        split = " / ".join(f"{v:.2f}" for v in r["split_s"].values()) if r.get("split_s") \
+            else "-"
+        floor = f"{r['floor_s']:.2f}" if r.get("floor_s") else "-"
         if r["ok"]:
-            print(head + f"{r['per_iteration_s']:.2f} | {r['samples_per_s']:.1f} | {peak} | "
-                  f"trains | {at} |", flush=True)
+            print(head + f"{r['per_iteration_s']:.2f} | {split} | {floor} | "
+                  f"{r['samples_per_s']:.1f} | {peak} | trains | {at} |", flush=True)
         else:
-            print(head + f"- | - | {peak} | {r['error']} | {at} |", flush=True)
+            print(head + f"- | - | - | - | {peak} | {r['error']} | {at} |", flush=True)
 
 
 def sweep(args: Any, stop_at_failure: bool) -> None:
@@ -327,7 +357,8 @@ def sweep(args: Any, stop_at_failure: bool) -> None:
             for millions in args.sizes:
                 row = run_one(runner, args.kind, millions, args.heap, args.iterations,
                               args.timeout, args.rounds, args.optimizer,
-                              args.master[0] if runner == "td" else master, args.conf)
+                              args.master[0] if runner == "td" else master, args.conf,
+                              args.floor and runner == "sync")
                 row.update(runner=runner, kind=args.kind, millions=millions, heap=args.heap,
                            master=master)
                 rows.append(row)
@@ -404,6 +435,10 @@ def main() -> None:
                         "several, one after the other")
     p.add_argument("--conf", action="append", default=[],
                    help="KEY=VALUE, a Spark setting of sparkdl's session")
+    p.add_argument("--floor", action="store_true",
+                   help="sync runs: after the fit, in its session, the bytes floor of its "
+                        "vector (bench/bytes_path.py: one iteration's moves through Spark with "
+                        "nothing computed, medians of 3)")
     args = p.parse_args()
     if args.command in ("measure", "equal"):
         if len(args.master) > 1:
