@@ -33,7 +33,8 @@ Bytes floor (not with ``--cold``): after the rounds, each workload's gradient by
 through the moves of one iteration with nothing computed (``bench/bytes_path.py``'s jobs: the
 broadcast, its reads, the map output, the shuffle, the reducers' sums, the results), and their
 hops' sum is printed beside sparkdl's iteration on each master: what Spark's own transport costs
-on that master for the card's design, which no change inside sparkdl's tasks can go under.
+on that master for sparkdl's design (a broadcast and a shuffle an iteration), which no change
+inside sparkdl's tasks can go under.
 
 Prints one table: samples/s (median over rounds), ratios to single-process and to
 TorchDistributor, first and final loss, peak RSS of the driver-side process and of the workers,
@@ -504,20 +505,20 @@ def main() -> None:
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     from bytes_path import bytes_floor  # (it imports scaling_model, which imports this file)
 
-    moves = {} if args.cold else {
+    bytes_floors = {} if args.cold else {
         wname: bytes_floor(sc, WORKLOADS[wname].gradient_bytes()) for wname in args.workloads}
-    report(args, results, floors, clean_floors, moves)
+    report(args, results, floors, clean_floors, bytes_floors)
     if args.summary_json:
         with open(args.summary_json, "w") as f:
-            json.dump(summary(results, moves), f)
+            json.dump(summary(results, bytes_floors), f)
     spark.stop()
 
 
-def summary(results: dict[tuple[str, str], list[Result]], moves: dict[str, float]
+def summary(results: dict[tuple[str, str], list[Result]], bytes_floors: dict[str, float]
             ) -> dict[str, dict[str, Any]]:
     """By workload and runner: the median samples/s, and sparkdl's median iteration in ms; by
     workload under ``"bytes floor"``: its :func:`bytes_floor` in ms."""
-    out: dict[str, dict[str, Any]] = {w: {"bytes floor": ms} for w, ms in moves.items()}
+    out: dict[str, dict[str, Any]] = {w: {"bytes floor": ms} for w, ms in bytes_floors.items()}
     for (wname, runner), rs in results.items():
         split = [r.split["wall_s"] for r in rs if r.split]
         out.setdefault(wname, {})[runner] = {
@@ -584,7 +585,7 @@ def compare_masters(masters: list[str]) -> None:
 def report(args: Any, results: dict[tuple[str, str], list[Result]],
            floors: dict[str, list[tuple[float, float, float, float]]],
            clean_floors: dict[str, tuple[float, float, float, float]],
-           moves: dict[str, float]) -> None:
+           bytes_floors: dict[str, float]) -> None:
     print(f"\n{args.rounds} round(s), medians; {args.master}; data {SAMPLES} samples in "
           f"{PARTITIONS} partitions; "
           + ("cold (no warm-up)" if args.cold else
@@ -654,13 +655,13 @@ def report(args: Any, results: dict[tuple[str, str], list[Result]],
             print(f"| {wname} | {runner} | {overhead:.1f} | {clean_one:.1f} | "
                   f"{overhead / clean_one:.2f} | {one:.1f} | {overhead / one:.2f} | {jvm:.1f} | "
                   f"{calls:.0f} |")
-    if moves:
+    if bytes_floors:
         print("\nthe bytes floor: one iteration's moves of the workload's gradient bytes through "
               "Spark with nothing computed (bench/bytes_path.py's hops, medians of 5), beside "
               "sparkdl's iteration:\n")
         print("| workload | bytes floor ms | runner | iteration ms | iteration / floor |")
         print("|---|---:|---|---:|---:|")
-        for wname, ms in moves.items():
+        for wname, ms in bytes_floors.items():
             for runner in args.runners:
                 rs = [r for r in results.get((wname, runner), []) if r.split]
                 if rs:
