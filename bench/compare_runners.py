@@ -29,12 +29,12 @@ one thread per process, a naive Spark loop (state dict broadcast + pickled reduc
 per-parameter gradients), and the bare Spark floor: an empty two-stage PySpark job (map,
 reduceByKey, collect) plus a broadcast of the model's byte size.
 
-Bytes floor (not with ``--cold``): after the rounds, each workload's gradient bytes are sent
-through the moves of one iteration with nothing computed (``bench/bytes_path.py``'s jobs: the
-broadcast, its reads, the map output, the shuffle, the reducers' sums, the results), and their
-hops' sum is printed beside sparkdl's iteration on each master: what Spark's own transport costs
-on that master for sparkdl's design (a broadcast and a shuffle an iteration), which no change
-inside sparkdl's tasks can go under.
+Bytes floor (with a sparkdl runner, not with ``--cold``): after the rounds, each workload's
+gradient bytes are sent through the moves of one iteration with nothing computed
+(``bench/bytes_path.py``'s jobs: the broadcast, its reads, the map output, the shuffle, the
+reducers' sums, the results), and their hops' sum is printed beside sparkdl's iteration on each
+master: what Spark's own transport costs on that master for sparkdl's design (a broadcast and a
+shuffle an iteration), which no change inside sparkdl's tasks can go under.
 
 Prints one table: samples/s (median over rounds), ratios to single-process and to
 TorchDistributor, first and final loss, peak RSS of the driver-side process and of the workers,
@@ -502,10 +502,10 @@ def main() -> None:
         for wname in args.workloads:
             floors[wname] = [spark_floor(sc, WORKLOADS[wname].gradient_bytes())]
             clean_floors[wname] = floors[wname][0]
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
     from bytes_path import bytes_floor  # (it imports scaling_model, which imports this file)
 
-    bytes_floors = {} if args.cold else {
+    timed_sparkdl = any(r.startswith("sparkdl") for r in args.runners)   # its only reader
+    bytes_floors = {} if args.cold or not timed_sparkdl else {
         wname: bytes_floor(sc, WORKLOADS[wname].gradient_bytes()) for wname in args.workloads}
     report(args, results, floors, clean_floors, bytes_floors)
     if args.summary_json:
